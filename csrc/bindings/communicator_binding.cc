@@ -1,0 +1,193 @@
+// pyring._C.Communicator and Work. Arguments arrive validated by pyring/ (contiguous, supported
+// dtype, matching sizes); addresses are raw pointers whose owners the Python side keeps alive
+// until the work completes. Every collective releases the GIL.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <tuple>
+
+#include "bindings/bindings.h"
+#include "collectives/collectives.h"
+#include "core/communicator.h"
+#include "core/errors.h"
+#include "transport/factory.h"
+#include "transport/shm/shm_segment.h"
+#include "transport/tcp/tcp_connect.h"
+
+namespace pyring::bindings {
+
+namespace {
+
+using PeerTuple = std::tuple<int, std::string, uint32_t, std::string, std::string, int>;
+
+TransportKind parse_kind(const std::string& s) {
+  if (s == "shm") return TransportKind::kShm;
+  if (s == "tcp") return TransportKind::kTcp;
+  if (s.empty() || s == "none") return TransportKind::kNone;
+  PYRING_THROW(InvalidArgument, "unknown transport '", s, "' (valid: shm, tcp, none)");
+}
+
+BufferView view(uintptr_t ptr, size_t count, int dtype) {
+  return BufferView{reinterpret_cast<void*>(ptr), count, dtype_from_int(dtype)};
+}
+
+std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeout_s,
+                                                size_t segment_bytes, uint32_t local_index,
+                                                uint32_t local_world,
+                                                std::shared_ptr<ShmSegment> segment,
+                                                TcpListener* listener, py::bytes secret,
+                                                const std::vector<PeerTuple>& peer_tuples) {
+  PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
+  PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
+                   ", got ", segment_bytes);
+  LinkSetup setup;
+  setup.rank = rank;
+  setup.size = size;
+  setup.local_index = local_index;
+  setup.local_world = local_world;
+  setup.own_segment = std::move(segment);
+  setup.listener = listener;
+  setup.secret = secret;
+  setup.segment_bytes = segment_bytes;
+  std::vector<PeerSpec> peers;
+  for (const auto& t : peer_tuples) {
+    PeerSpec p;
+    p.rank = std::get<0>(t);
+    p.transport = parse_kind(std::get<1>(t));
+    p.local_index = std::get<2>(t);
+    p.shm_name = std::get<3>(t);
+    p.host = std::get<4>(t);
+    p.port = std::get<5>(t);
+    peers.push_back(std::move(p));
+  }
+  Links links;
+  {
+    py::gil_scoped_release nogil;
+    links = make_links(setup, peers, Deadline::after(timeout_s));
+  }
+  Options opts;
+  opts.timeout_s = timeout_s;
+  opts.segment_bytes = segment_bytes;
+  return std::make_unique<Communicator>(rank, size, opts, std::move(links.by_rank),
+                                        std::move(links.keepalive));
+}
+
+// Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
+py::object launch(Communicator& comm, bool async_op, std::string desc,
+                  std::function<void(Deadline)> fn) {
+  if (async_op) {
+    std::shared_ptr<Work> work;
+    {
+      py::gil_scoped_release nogil;
+      work = comm.submit(desc, std::move(fn));
+    }
+    return py::cast(work);
+  }
+  py::gil_scoped_release nogil;
+  comm.run_sync(desc, std::move(fn));
+  return py::none();
+}
+
+std::string describe(const char* op, size_t count, int dtype, const char* extra = "") {
+  DType t = dtype_from_int(dtype);
+  return str_cat(op, "(count=", count, ", dtype=", dtype_name(t), ", ", count * dtype_size(t),
+                 " bytes", extra, ")");
+}
+
+}  // namespace
+
+void register_communicator(py::module_& m) {
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def_property_readonly("description", &Work::description)
+      .def("is_completed", &Work::is_completed)
+      .def(
+          "wait",
+          [](Work& w, double timeout_s) {
+            py::gil_scoped_release nogil;
+            return w.wait(timeout_s);
+          },
+          py::arg("timeout_s") = -1.0,
+          "Waits for completion; False on timeout; raises the collective's error.")
+      .def(
+          "add_done_callback",
+          [](Work& w, py::function fn) {
+            // The callback may run on the progress thread: it takes the GIL itself and drops its
+            // reference to `fn` while holding it.
+            auto holder = std::make_shared<py::function>(std::move(fn));
+            w.add_callback([holder](std::exception_ptr err) {
+              py::gil_scoped_acquire gil;
+              try {
+                (*holder)(err ? to_python_exception(err) : py::none());
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("pyring work callback");
+              }
+              *holder = py::function();
+            });
+          },
+          py::arg("fn"), "Calls fn(error_or_None) once the work completes.");
+
+  py::class_<Communicator>(m, "Communicator")
+      .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
+           py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
+           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("peers"))
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("broken", &Communicator::broken)
+      .def("link_kind",
+           [](Communicator& c, int peer) -> py::object {
+             if (!c.has_link(peer)) return py::none();
+             return py::str(c.link(peer).kind());
+           })
+      .def("link_bytes",
+           [](Communicator& c, int peer) {
+             Link& l = c.link(peer);
+             return std::make_pair(l.bytes_sent(), l.bytes_received());
+           })
+      .def("close",
+           [](Communicator& c) {
+             py::gil_scoped_release nogil;
+             c.close();
+           })
+      .def("all_reduce",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
+              bool async_op) {
+             BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
+             ReduceOp rop = op_from_int(op);
+             std::string extra = str_cat(", op=", op_name(rop));
+             return launch(c, async_op, describe("all_reduce", count, dtype, extra.c_str()),
+                           [&c, vi, vo, rop](Deadline d) { ring_allreduce(c, vi, vo, rop, d); });
+           })
+      .def("reduce_scatter",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
+              bool async_op) {
+             BufferView vi = view(in, out_count * static_cast<size_t>(c.size()), dtype);
+             BufferView vo = view(out, out_count, dtype);
+             ReduceOp rop = op_from_int(op);
+             std::string extra = str_cat(", op=", op_name(rop));
+             return launch(c, async_op,
+                           describe("reduce_scatter_tensor", vi.count, dtype, extra.c_str()),
+                           [&c, vi, vo, rop](Deadline d) { ring_reduce_scatter(c, vi, vo, rop, d); });
+           })
+      .def("all_gather",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,
+              bool async_op) {
+             BufferView vi = view(in, in_count, dtype);
+             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
+             return launch(c, async_op, describe("all_gather_into_tensor", vo.count, dtype),
+                           [&c, vi, vo](Deadline d) { ring_allgather(c, vi, vo, d); });
+           })
+      .def("broadcast",
+           [](Communicator& c, uintptr_t ptr, size_t count, int dtype, int root, bool async_op) {
+             PYRING_CHECK_ARG(root >= 0 && root < c.size(), "broadcast root ", root,
+                              " out of range for world size ", c.size());
+             BufferView v = view(ptr, count, dtype);
+             std::string extra = str_cat(", src=", root);
+             return launch(c, async_op, describe("broadcast", count, dtype, extra.c_str()),
+                           [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });
+           })
+      .def("barrier", [](Communicator& c, bool async_op) {
+        return launch(c, async_op, "barrier()", [&c](Deadline d) { ring_barrier(c, d); });
+      });
+}
+
+}  // namespace pyring::bindings

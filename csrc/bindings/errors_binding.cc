@@ -1,0 +1,68 @@
+// Maps the C++ error types to Python: Error -> pyring.Error, CommError -> pyring.CommError,
+// TimeoutError -> pyring.CommTimeout (also a builtin TimeoutError), InvalidArgument ->
+// ValueError, TypeMismatch -> TypeError.
+#include "bindings/bindings.h"
+#include "core/errors.h"
+
+namespace pyring::bindings {
+
+namespace {
+PyObject* g_error = nullptr;
+PyObject* g_comm_error = nullptr;
+PyObject* g_timeout = nullptr;
+
+// Calls `set(type, message)` for the Python type matching the C++ exception in flight.
+template <class F>
+void classify(std::exception_ptr p, F&& set) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const TimeoutError& e) {
+    set(g_timeout, e.what());
+  } catch (const CommError& e) {
+    set(g_comm_error, e.what());
+  } catch (const InvalidArgument& e) {
+    set(PyExc_ValueError, e.what());
+  } catch (const TypeMismatch& e) {
+    set(PyExc_TypeError, e.what());
+  } catch (const Error& e) {
+    set(g_error, e.what());
+  } catch (const py::error_already_set& e) {
+    set(g_error, e.what());
+  } catch (const std::exception& e) {
+    set(g_error, e.what());
+  }
+}
+}  // namespace
+
+py::object to_python_exception(std::exception_ptr error) {
+  py::object result = py::none();
+  classify(error, [&](PyObject* type, const char* msg) {
+    result = py::reinterpret_borrow<py::object>(type)(py::str(msg));
+  });
+  return result;
+}
+
+void register_errors(py::module_& m) {
+  g_error = PyErr_NewExceptionWithDoc("pyring._C.Error", "Base of pyring's errors.",
+                                      PyExc_Exception, nullptr);
+  g_comm_error = PyErr_NewExceptionWithDoc(
+      "pyring._C.CommError", "A link failed, or a peer died or gave up.", g_error, nullptr);
+  PyObject* bases = PyTuple_Pack(2, g_comm_error, PyExc_TimeoutError);
+  g_timeout = PyErr_NewExceptionWithDoc("pyring._C.CommTimeout",
+                                        "A collective or rendezvous passed its deadline.", bases,
+                                        nullptr);
+  Py_DECREF(bases);
+  m.add_object("Error", py::handle(g_error));
+  m.add_object("CommError", py::handle(g_comm_error));
+  m.add_object("CommTimeout", py::handle(g_timeout));
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error&) {
+      classify(p, [](PyObject* type, const char* msg) { PyErr_SetString(type, msg); });
+    }
+  });
+}
+
+}  // namespace pyring::bindings

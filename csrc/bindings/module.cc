@@ -1,0 +1,9 @@
+#include "bindings/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "pyring core: links, ring collectives and the progress engine";
+  pyring::bindings::register_errors(m);
+  pyring::bindings::register_device(m);
+  pyring::bindings::register_transport(m);
+  pyring::bindings::register_communicator(m);
+}

@@ -1,0 +1,32 @@
+// Collective algorithms. Each runs on the thread that calls it, inside Communicator::run_sync
+// or a submitted work, and sees only the communicator's links and the kernels. Arguments are
+// validated by the caller (bindings) before any byte is sent; all ranks must call the same
+// collectives in the same order with matching sizes.
+#pragma once
+
+#include "core/communicator.h"
+#include "core/types.h"
+
+namespace pyring {
+
+// out = op over ranks of in. in and out have the same count and dtype and may be the same
+// buffer. Ring: reduce-scatter then allgather, each chunk cut into segments and pipelined.
+void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+                    Deadline deadline);
+
+// out (count m) = op over ranks of chunk `rank` of in (count size * m). out may be that chunk.
+void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
+                         ReduceOp op, Deadline deadline);
+
+// out (count size * m) = the concatenation of every rank's in (count m). in may be chunk
+// `rank` of out.
+void ring_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
+                    Deadline deadline);
+
+// buf on every rank = buf on `root`, pipelined along the ring.
+void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline);
+
+// Returns once every rank has entered the barrier.
+void ring_barrier(Communicator& comm, Deadline deadline);
+
+}  // namespace pyring

@@ -1,0 +1,26 @@
+// Drives posted link operations to completion for one collective.
+#pragma once
+
+#include <initializer_list>
+
+#include "core/types.h"
+#include "transport/link.h"
+
+namespace pyring {
+
+// Calls progress() on `links` (duplicates allowed) until all are idle. Spins briefly, then
+// blocks; each time it wakes it checks the peers. Throws CommError when a peer dies or gives
+// up, TimeoutError at `deadline` naming what was still pending.
+void drive(std::initializer_list<Link*> links, Deadline deadline);
+
+// Splits `count` elements into `parts` chunks whose sizes differ by at most one element.
+struct Chunks {
+  size_t count;
+  size_t parts;
+  size_t offset(size_t i) const { return i * (count / parts) + (i < count % parts ? i : count % parts); }
+  size_t size(size_t i) const { return count / parts + (i < count % parts ? 1 : 0); }
+};
+
+inline size_t ring_index(long i, int n) { return static_cast<size_t>(((i % n) + n) % n); }
+
+}  // namespace pyring

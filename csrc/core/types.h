@@ -1,0 +1,76 @@
+// Element types, reduction ops and deadlines shared by every layer.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace pyring {
+
+// Values are part of the binding ABI (pyring/_dtypes.py mirrors them).
+enum class DType : int {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt8 = 4,
+  kUInt8 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+};
+constexpr int kNumDTypes = 8;
+
+enum class ReduceOp : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3, kProd = 4 };
+constexpr int kNumReduceOps = 5;
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+const char* op_name(ReduceOp op);
+DType dtype_from_int(int v);     // throws InvalidArgument naming the valid range
+ReduceOp op_from_int(int v);     // throws InvalidArgument naming the valid range
+
+// The type partial results travel in during reduce-scatter: float16 and bfloat16 are
+// accumulated in float32 and rounded once by the chunk's owner.
+inline DType accum_dtype(DType t) {
+  return (t == DType::kFloat16 || t == DType::kBFloat16) ? DType::kFloat32 : t;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// An absolute point in time after which a blocking call raises TimeoutError.
+struct Deadline {
+  Clock::time_point at;
+
+  static Deadline after(double seconds) {
+    return Deadline{Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(seconds))};
+  }
+  bool expired() const { return Clock::now() >= at; }
+  // Milliseconds left, clamped to [0, cap_ms].
+  int remaining_ms(int cap_ms) const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now()).count();
+    if (left < 0) return 0;
+    return left > cap_ms ? cap_ms : static_cast<int>(left);
+  }
+};
+
+// A typed view of caller memory. The caller keeps the memory alive and unchanged (for inputs)
+// until the collective completes.
+struct BufferView {
+  void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+
+  size_t bytes() const { return count * dtype_size(dtype); }
+  uint8_t* at(size_t elem) const { return static_cast<uint8_t*>(data) + elem * dtype_size(dtype); }
+};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace pyring

@@ -1,0 +1,73 @@
+#include "core/work.h"
+
+#include <chrono>
+
+#include "core/types.h"
+
+namespace pyring {
+
+namespace {
+constexpr auto kSpin = std::chrono::microseconds(50);
+}
+
+Work::Work(std::string description, std::function<void()> fn)
+    : description_(std::move(description)), fn_(std::move(fn)) {}
+
+void Work::run() {
+  std::exception_ptr err;
+  try {
+    fn_();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  fn_ = nullptr;
+  complete(err);
+}
+
+void Work::fail(std::exception_ptr error) {
+  fn_ = nullptr;
+  complete(error);
+}
+
+void Work::complete(std::exception_ptr error) {
+  std::vector<Callback> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = error;
+    state_.store(error ? kFailed : kDone, std::memory_order_release);
+    callbacks.swap(callbacks_);
+  }
+  cv_.notify_all();
+  for (auto& cb : callbacks) cb(error);
+}
+
+bool Work::wait(double timeout_s) {
+  auto start = Clock::now();
+  while (!is_completed() && Clock::now() - start < kSpin) cpu_relax();
+  if (!is_completed()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto done = [&] { return state_.load(std::memory_order_acquire) >= kDone; };
+    if (timeout_s < 0) {
+      cv_.wait(lock, done);
+    } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done)) {
+      return false;
+    }
+  }
+  if (state_.load(std::memory_order_acquire) == kFailed) std::rethrow_exception(error_);
+  return true;
+}
+
+void Work::add_callback(Callback cb) {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load(std::memory_order_acquire) == kPending) {
+      callbacks_.push_back(std::move(cb));
+      return;
+    }
+    err = error_;
+  }
+  cb(err);
+}
+
+}  // namespace pyring

@@ -1,0 +1,50 @@
+// The handle of one queued collective.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pyring {
+
+class Work {
+ public:
+  // Called once, on the thread that completes the work, with the error (null on success).
+  using Callback = std::function<void(std::exception_ptr)>;
+
+  Work(std::string description, std::function<void()> fn);
+
+  const std::string& description() const { return description_; }
+  bool is_completed() const { return state_.load(std::memory_order_acquire) >= kDone; }
+
+  // Waits until the work completes or `timeout_s` passes (negative: no limit of its own; the
+  // collective's deadline still applies). Returns false on timeout; rethrows the collective's
+  // error. Spins briefly, then blocks.
+  bool wait(double timeout_s);
+
+  // Runs `cb` at completion, or now on the calling thread when already complete.
+  void add_callback(Callback cb);
+
+  // Runs the collective on the calling thread and completes the work. Called once.
+  void run();
+  // Completes the work with `error` without running it.
+  void fail(std::exception_ptr error);
+
+ private:
+  enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
+  void complete(std::exception_ptr error);
+
+  std::string description_;
+  std::function<void()> fn_;
+  std::atomic<int> state_{kPending};
+  std::exception_ptr error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Callback> callbacks_;
+};
+
+}  // namespace pyring

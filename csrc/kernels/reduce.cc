@@ -1,0 +1,138 @@
+#include "kernels/reduce.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/errors.h"
+#include "kernels/half.h"
+
+namespace pyring {
+
+namespace {
+
+template <class T>
+struct Elem {
+  using Acc = T;
+  static Acc widen(T v) { return v; }
+  static T narrow(Acc v) { return v; }
+};
+template <>
+struct Elem<Half> {
+  using Acc = float;
+  static float widen(Half v) { return to_float(v); }
+  static Half narrow(float v) { return to_half(v); }
+};
+template <>
+struct Elem<BFloat16> {
+  using Acc = float;
+  static float widen(BFloat16 v) { return to_float(v); }
+  static BFloat16 narrow(float v) { return to_bfloat16(v); }
+};
+
+struct OpSum {
+  template <class A>
+  static A apply(A x, A y) { return static_cast<A>(x + y); }
+};
+struct OpProd {
+  template <class A>
+  static A apply(A x, A y) { return static_cast<A>(x * y); }
+};
+struct OpMax {
+  template <class A>
+  static A apply(A x, A y) { return x > y ? x : y; }
+};
+struct OpMin {
+  template <class A>
+  static A apply(A x, A y) { return x < y ? x : y; }
+};
+
+template <class T, class Op>
+void accumulate_impl(const void* a, const void* b, void* acc, size_t n) {
+  using Acc = typename Elem<T>::Acc;
+  const T* pa = static_cast<const T*>(a);
+  const Acc* pb = static_cast<const Acc*>(b);
+  Acc* pc = static_cast<Acc*>(acc);
+  for (size_t i = 0; i < n; ++i) pc[i] = Op::apply(Elem<T>::widen(pa[i]), pb[i]);
+}
+
+template <class T, class Op, bool kAvg>
+void finish_impl(const void* a, const void* b, void* out, size_t n, int world) {
+  using Acc = typename Elem<T>::Acc;
+  const T* pa = static_cast<const T*>(a);
+  const Acc* pb = static_cast<const Acc*>(b);
+  T* po = static_cast<T*>(out);
+  const Acc div = static_cast<Acc>(world);
+  for (size_t i = 0; i < n; ++i) {
+    Acc v = Op::apply(Elem<T>::widen(pa[i]), pb[i]);
+    if (kAvg) v = static_cast<Acc>(v / div);
+    po[i] = Elem<T>::narrow(v);
+  }
+}
+
+template <class T>
+void widen_impl(const void* a, void* acc, size_t n) {
+  using Acc = typename Elem<T>::Acc;
+  const T* pa = static_cast<const T*>(a);
+  Acc* pc = static_cast<Acc*>(acc);
+  for (size_t i = 0; i < n; ++i) pc[i] = Elem<T>::widen(pa[i]);
+}
+
+template <class T>
+void accumulate_op(ReduceOp op, const void* a, const void* b, void* acc, size_t n) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return accumulate_impl<T, OpSum>(a, b, acc, n);
+    case ReduceOp::kProd: return accumulate_impl<T, OpProd>(a, b, acc, n);
+    case ReduceOp::kMax: return accumulate_impl<T, OpMax>(a, b, acc, n);
+    case ReduceOp::kMin: return accumulate_impl<T, OpMin>(a, b, acc, n);
+  }
+  PYRING_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
+}
+
+template <class T>
+void finish_op(ReduceOp op, const void* a, const void* b, void* out, size_t n, int world) {
+  switch (op) {
+    case ReduceOp::kSum: return finish_impl<T, OpSum, false>(a, b, out, n, world);
+    case ReduceOp::kAvg: return finish_impl<T, OpSum, true>(a, b, out, n, world);
+    case ReduceOp::kProd: return finish_impl<T, OpProd, false>(a, b, out, n, world);
+    case ReduceOp::kMax: return finish_impl<T, OpMax, false>(a, b, out, n, world);
+    case ReduceOp::kMin: return finish_impl<T, OpMin, false>(a, b, out, n, world);
+  }
+  PYRING_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
+}
+
+// Calls F<T>::run(args...) for the storage type T of `dtype`.
+#define PYRING_DISPATCH(dtype, FN, ...)                             \
+  switch (dtype) {                                                  \
+    case DType::kFloat32: return FN<float>(__VA_ARGS__);            \
+    case DType::kFloat64: return FN<double>(__VA_ARGS__);           \
+    case DType::kFloat16: return FN<Half>(__VA_ARGS__);             \
+    case DType::kBFloat16: return FN<BFloat16>(__VA_ARGS__);        \
+    case DType::kInt8: return FN<int8_t>(__VA_ARGS__);              \
+    case DType::kUInt8: return FN<uint8_t>(__VA_ARGS__);            \
+    case DType::kInt32: return FN<int32_t>(__VA_ARGS__);            \
+    case DType::kInt64: return FN<int64_t>(__VA_ARGS__);            \
+  }                                                                 \
+  PYRING_THROW(InvalidArgument, "unknown dtype code ", static_cast<int>(dtype))
+
+}  // namespace
+
+void reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void* b, void* acc,
+                       size_t n) {
+  PYRING_DISPATCH(dtype, accumulate_op, op, a, b, acc, n);
+}
+
+void reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
+                   int world) {
+  PYRING_DISPATCH(dtype, finish_op, op, a, b, out, n, world);
+}
+
+void widen(DType dtype, const void* a, void* acc, size_t n) {
+  PYRING_DISPATCH(dtype, widen_impl, a, acc, n);
+}
+
+void finish_single(DType dtype, const void* a, void* out, size_t n) {
+  if (a != out) std::memcpy(out, a, n * dtype_size(dtype));
+}
+
+}  // namespace pyring

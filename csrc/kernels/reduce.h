@@ -1,0 +1,28 @@
+// Element-wise reduction kernels on host memory.
+//
+// `a` and `out` hold the caller's dtype; `b` and `acc` hold accum_dtype(dtype) (float32 for
+// float16/bfloat16, the dtype itself otherwise). Avg accumulates as a sum and divides once in
+// reduce_finish; integer avg truncates toward zero. Integer sums wrap. Buffers may alias only
+// element-for-element (a == acc, a == out, b == acc).
+#pragma once
+
+#include <cstddef>
+
+#include "core/types.h"
+
+namespace pyring {
+
+// acc[i] = op(widen(a[i]), b[i])
+void reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void* b, void* acc, size_t n);
+
+// out[i] = narrow(finish(op(widen(a[i]), b[i])))
+void reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
+                   int world);
+
+// acc[i] = widen(a[i])
+void widen(DType dtype, const void* a, void* acc, size_t n);
+
+// out[i] = finish(a[i]) for a world of one rank: a copy, and avg divides by 1.
+void finish_single(DType dtype, const void* a, void* out, size_t n);
+
+}  // namespace pyring

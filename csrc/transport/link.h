@@ -1,0 +1,75 @@
+// The Link interface: moves byte ranges between this rank and one peer, in both directions.
+//
+// Contract:
+// - Sends and receives are queued and complete in the order they were posted, per direction.
+//   Both ends must post the same sequence of message sizes; a zero-byte message is a no-op.
+// - A Link is driven by one thread at a time (the thread running the current collective):
+//   post_*() only queue, progress() moves bytes without blocking.
+// - Memory passed to post_send() must stay valid and unchanged until idle() is true.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <atomic>
+
+namespace pyring {
+
+// Receive granularity: pieces handed to on_piece are multiples of kPieceAlign bytes (except the
+// last of a message) when copy_to is null, so that every element type reduces in whole elements.
+constexpr size_t kPieceAlign = 8;
+
+struct RecvSpec {
+  size_t bytes = 0;
+  // When set, the message lands here in order.
+  uint8_t* copy_to = nullptr;
+  // Called for each piece in order; `data` is copy_to + offset when copy_to is set, otherwise
+  // transport memory valid only during the call. May post sends on any link.
+  std::function<void(const uint8_t* data, size_t offset, size_t len)> on_piece;
+};
+
+class Link {
+ public:
+  explicit Link(int peer) : peer_(peer) {}
+  virtual ~Link() = default;
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  int peer() const { return peer_; }
+  virtual const char* kind() const = 0;
+
+  virtual void post_send(const uint8_t* data, size_t bytes) = 0;
+  virtual void post_recv(RecvSpec spec) = 0;
+
+  // Moves what it can without blocking; returns true if any byte moved. Throws CommError when
+  // the peer is gone or the stream is broken.
+  virtual bool progress() = 0;
+  // Nothing is queued in either direction.
+  virtual bool idle() const = 0;
+  // A human-readable account of what is still queued, for timeout messages.
+  virtual std::string pending() const = 0;
+
+  // Blocking support for the driver: a socket to poll, or a futex word shared by every shm link
+  // of this rank (see ShmLink). Exactly one of them applies.
+  virtual int poll_fd() const { return -1; }
+  virtual bool wants_write() const { return false; }
+  virtual std::atomic<uint32_t>* sleep_word() { return nullptr; }
+
+  // Throws CommError when the peer is known to have died or given up.
+  virtual void check_peer() {}
+  // Tells the peer that this rank gave up; later calls on this link fail.
+  virtual void abort() {}
+
+  // Bytes moved over this link since it was created.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+
+ protected:
+  int peer_;
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+};
+
+}  // namespace pyring

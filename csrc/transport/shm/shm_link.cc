@@ -1,0 +1,152 @@
+#include "transport/shm/shm_link.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace pyring {
+
+namespace {
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+}  // namespace
+
+bool process_alive(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* close_paren = std::strrchr(buf, ')');
+  if (!close_paren || close_paren[1] == '\0') return true;
+  char state = close_paren[2];
+  return state != 'Z' && state != 'X';
+}
+
+ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local,
+                 std::shared_ptr<ShmSegment> mine, std::shared_ptr<ShmSegment> theirs)
+    : Link(peer),
+      mine_(std::move(mine)),
+      theirs_(std::move(theirs)),
+      out_(theirs_->inbox_control(my_local)),
+      in_(mine_->inbox_control(peer_local)),
+      my_local_(my_local),
+      peer_local_(peer_local),
+      nslots_(mine_->header()->nslots),
+      slot_bytes_(mine_->header()->slot_bytes) {}
+
+void ShmLink::post_send(const uint8_t* data, size_t bytes) {
+  if (bytes > 0) sends_.push_back({data, bytes, 0});
+}
+
+void ShmLink::post_recv(RecvSpec spec) {
+  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0});
+}
+
+void ShmLink::wake_peer() {
+  auto& sleeping = theirs_->header()->sleeping;
+  if (sleeping.load(std::memory_order_seq_cst) != 0 && sleeping.exchange(0) != 0) {
+    futex_wake_all(&sleeping);
+  }
+}
+
+bool ShmLink::progress_send() {
+  bool moved = false;
+  while (!sends_.empty()) {
+    Send& s = sends_.front();
+    if (head_ - tail_seen_ >= nslots_) {
+      tail_seen_ = out_->tail.load(std::memory_order_acquire);
+      if (head_ - tail_seen_ >= nslots_) break;
+    }
+    uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
+    size_t n = std::min<size_t>(slot_bytes_, s.bytes - s.done);
+    std::memcpy(theirs_->inbox_slot(my_local_, slot), s.data + s.done, n);
+    out_->lens[slot] = n;
+    ++head_;
+    out_->head.store(head_, std::memory_order_seq_cst);
+    wake_peer();
+    s.done += n;
+    bytes_sent_ += n;
+    moved = true;
+    if (s.done == s.bytes) sends_.pop_front();
+  }
+  return moved;
+}
+
+bool ShmLink::progress_recv() {
+  bool moved = false;
+  while (!recvs_.empty()) {
+    if (tail_ == head_seen_) {
+      head_seen_ = in_->head.load(std::memory_order_acquire);
+      if (tail_ == head_seen_) break;
+    }
+    Recv& r = recvs_.front();
+    uint32_t slot = static_cast<uint32_t>(tail_ % nslots_);
+    size_t len = in_->lens[slot];
+    PYRING_CHECK(len <= slot_bytes_ && len > slot_offset_, CommError, "shm stream from rank ",
+                 peer_, " is corrupt (slot of ", len, " bytes)");
+    size_t n = std::min(len - slot_offset_, r.spec.bytes - r.done);
+    const uint8_t* src = mine_->inbox_slot(peer_local_, slot) + slot_offset_;
+    if (r.spec.copy_to) {
+      std::memcpy(r.spec.copy_to + r.done, src, n);
+      src = r.spec.copy_to + r.done;
+    }
+    if (r.spec.on_piece) r.spec.on_piece(src, r.done, n);
+    r.done += n;
+    bytes_received_ += n;
+    slot_offset_ += n;
+    moved = true;
+    if (slot_offset_ == len) {
+      slot_offset_ = 0;
+      ++tail_;
+      in_->tail.store(tail_, std::memory_order_seq_cst);
+      wake_peer();
+    }
+    if (r.done == r.spec.bytes) recvs_.pop_front();
+  }
+  return moved;
+}
+
+bool ShmLink::progress() {
+  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+  bool moved = progress_send();
+  moved |= progress_recv();
+  return moved;
+}
+
+std::string ShmLink::pending() const {
+  size_t send_left = 0, recv_left = 0;
+  for (const auto& s : sends_) send_left += s.bytes - s.done;
+  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
+  return str_cat("shm link to rank ", peer_, ": ", send_left, " bytes left to send, ", recv_left,
+                 " bytes left to receive");
+}
+
+void ShmLink::check_peer() {
+  auto* h = theirs_->header();
+  PYRING_CHECK(h->aborted.load(std::memory_order_acquire) == 0, CommError, "rank ", peer_,
+               " gave up on the communicator");
+  PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
+}
+
+void ShmLink::abort() {
+  aborted_ = true;
+  mine_->header()->aborted.store(1, std::memory_order_seq_cst);
+  theirs_->header()->sleeping.store(0, std::memory_order_seq_cst);
+  futex_wake_all(&theirs_->header()->sleeping);
+}
+
+}  // namespace pyring

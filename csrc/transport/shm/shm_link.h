@@ -1,0 +1,66 @@
+// A Link to a peer on the same host through shared-memory slot rings.
+//
+// Bytes to the peer go into the inbox for this rank inside the peer's segment; bytes from the
+// peer arrive in the inbox for the peer inside this rank's segment. Each published or released
+// slot wakes the other side if it sleeps on its `sleeping` futex word.
+#pragma once
+
+#include <deque>
+#include <memory>
+
+#include "transport/link.h"
+#include "transport/shm/shm_segment.h"
+
+namespace pyring {
+
+class ShmLink : public Link {
+ public:
+  ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
+          std::shared_ptr<ShmSegment> theirs);
+
+  const char* kind() const override { return "shm"; }
+  void post_send(const uint8_t* data, size_t bytes) override;
+  void post_recv(RecvSpec spec) override;
+  bool progress() override;
+  bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  std::string pending() const override;
+  std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
+  void check_peer() override;
+  void abort() override;
+
+ private:
+  struct Send {
+    const uint8_t* data;
+    size_t bytes;
+    size_t done;
+  };
+  struct Recv {
+    RecvSpec spec;
+    size_t done;
+  };
+  bool progress_send();
+  bool progress_recv();
+  void wake_peer();
+
+  std::shared_ptr<ShmSegment> mine_;
+  std::shared_ptr<ShmSegment> theirs_;
+  InboxControl* out_;  // in the peer's segment
+  InboxControl* in_;   // in this rank's segment
+  uint32_t my_local_;
+  uint32_t peer_local_;
+  uint32_t nslots_;
+  uint64_t slot_bytes_;
+  uint64_t head_ = 0;        // next slot to publish to the peer
+  uint64_t tail_seen_ = 0;   // last observed peer tail
+  uint64_t tail_ = 0;        // next slot to read from the peer
+  uint64_t head_seen_ = 0;   // last observed peer head
+  size_t slot_offset_ = 0;   // bytes of slot tail_ already consumed
+  std::deque<Send> sends_;
+  std::deque<Recv> recvs_;
+  bool aborted_ = false;
+};
+
+// True while process `pid` runs (not a zombie). Same pid namespace assumed.
+bool process_alive(int pid);
+
+}  // namespace pyring

@@ -1,0 +1,67 @@
+// One rank's POSIX shared-memory segment: a header, then one inbox per local rank.
+//
+// Inbox i of rank r's segment carries bytes from local rank i to rank r as a ring of slots;
+// the sender owns `head` and the slot contents, the receiver owns `tail`. The segment is
+// created 0600 by its rank, attached by its local peers, and unlinked as soon as they all have.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace pyring {
+
+constexpr uint32_t kMaxSlots = 64;
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t local_world;
+  uint32_t nslots;
+  uint64_t slot_bytes;
+  int32_t pid;
+  // 1 while this rank's collective thread sleeps on it (futex word); peers reset it and wake.
+  alignas(64) std::atomic<uint32_t> sleeping;
+  // Non-zero once this rank gave up on the communicator.
+  alignas(64) std::atomic<uint32_t> aborted;
+};
+
+struct InboxControl {
+  alignas(64) std::atomic<uint64_t> head;  // slots published by the sender
+  alignas(64) std::atomic<uint64_t> tail;  // slots released by the receiver
+  alignas(64) uint64_t lens[kMaxSlots];    // bytes used in each slot, written before head
+};
+
+class ShmSegment {
+ public:
+  // Creates (O_EXCL, mode 0600) and maps a segment; throws CommError if the name exists.
+  static std::shared_ptr<ShmSegment> create(const std::string& name, uint32_t local_world,
+                                            uint32_t nslots, uint64_t slot_bytes);
+  // Maps an existing segment and checks its geometry.
+  static std::shared_ptr<ShmSegment> attach(const std::string& name, uint32_t local_world,
+                                            uint32_t nslots, uint64_t slot_bytes);
+  // Removes the name; mappings stay valid. A missing name is not an error.
+  static void unlink(const std::string& name);
+
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+  InboxControl* inbox_control(uint32_t from) const;
+  uint8_t* inbox_slot(uint32_t from, uint32_t slot) const;
+
+  static size_t size_for(uint32_t local_world, uint32_t nslots, uint64_t slot_bytes);
+
+ private:
+  ShmSegment(std::string name, void* base, size_t size);
+  size_t inbox_stride() const;
+
+  std::string name_;
+  void* base_;
+  size_t size_;
+};
+
+}  // namespace pyring

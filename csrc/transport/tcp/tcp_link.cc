@@ -1,0 +1,112 @@
+#include "transport/tcp/tcp_link.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace pyring {
+
+TcpLink::TcpLink(int peer, int fd, size_t staging_bytes)
+    : Link(peer), fd_(fd), staging_(std::max<size_t>(kPieceAlign, staging_bytes / kPieceAlign *
+                                                                      kPieceAlign)) {}
+
+TcpLink::~TcpLink() { close(fd_); }
+
+void TcpLink::post_send(const uint8_t* data, size_t bytes) {
+  if (bytes > 0) sends_.push_back({data, bytes, 0});
+}
+
+void TcpLink::post_recv(RecvSpec spec) {
+  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0, 0});
+}
+
+void TcpLink::fail(const char* what, int err) {
+  if (err == 0) {
+    PYRING_THROW(CommError, "connection to rank ", peer_, " closed by the peer during ", what);
+  }
+  PYRING_THROW(CommError, what, " on the connection to rank ", peer_, " failed: ", strerror(err));
+}
+
+bool TcpLink::progress_send() {
+  bool moved = false;
+  while (!sends_.empty()) {
+    Send& s = sends_.front();
+    ssize_t n = ::send(fd_, s.data + s.done, s.bytes - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      fail("send", errno);
+    }
+    s.done += static_cast<size_t>(n);
+    bytes_sent_ += static_cast<size_t>(n);
+    moved = true;
+    if (s.done == s.bytes) sends_.pop_front();
+  }
+  return moved;
+}
+
+bool TcpLink::progress_recv() {
+  bool moved = false;
+  while (!recvs_.empty()) {
+    Recv& r = recvs_.front();
+    const size_t total = r.spec.bytes;
+    ssize_t n;
+    if (r.spec.copy_to) {
+      n = ::recv(fd_, r.spec.copy_to + r.received, total - r.received, MSG_DONTWAIT);
+    } else {
+      size_t want = std::min(staging_.size() - staged_, total - r.done - staged_);
+      n = ::recv(fd_, staging_.data() + staged_, want, MSG_DONTWAIT);
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      fail("recv", errno);
+    }
+    if (n == 0) fail("recv", 0);
+    moved = true;
+    bytes_received_ += static_cast<size_t>(n);
+    if (r.spec.copy_to) {
+      r.received += static_cast<size_t>(n);
+      if (r.received - r.done >= staging_.size() || r.received == total) {
+        if (r.spec.on_piece) r.spec.on_piece(r.spec.copy_to + r.done, r.done, r.received - r.done);
+        r.done = r.received;
+      }
+    } else {
+      staged_ += static_cast<size_t>(n);
+      if (staged_ == staging_.size() || r.done + staged_ == total) {
+        if (r.spec.on_piece) r.spec.on_piece(staging_.data(), r.done, staged_);
+        r.done += staged_;
+        staged_ = 0;
+      }
+    }
+    if (r.done == total) recvs_.pop_front();
+  }
+  return moved;
+}
+
+bool TcpLink::progress() {
+  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+  bool moved = progress_send();
+  moved |= progress_recv();
+  return moved;
+}
+
+std::string TcpLink::pending() const {
+  size_t send_left = 0, recv_left = 0;
+  for (const auto& s : sends_) send_left += s.bytes - s.done;
+  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
+  return str_cat("tcp link to rank ", peer_, ": ", send_left, " bytes left to send, ", recv_left,
+                 " bytes left to receive");
+}
+
+void TcpLink::abort() {
+  aborted_ = true;
+  shutdown(fd_, SHUT_RDWR);
+}
+
+}  // namespace pyring

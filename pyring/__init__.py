@@ -1,0 +1,38 @@
+"""pyring: fast ring collectives for PyTorch over shared memory and TCP.
+
+    import pyring
+    comm = pyring.init()            # torchrun's environment, or an existing process group
+    pyring.all_reduce(tensor)       # in place, summed across ranks
+"""
+
+from . import _C
+from .api import (
+    all_gather_into_tensor,
+    all_reduce,
+    barrier,
+    broadcast,
+    default,
+    destroy,
+    init,
+    is_initialized,
+    reduce_scatter_tensor,
+)
+from .communicator import Communicator
+from .errors import CommError, CommTimeout, Error
+from .ops import ReduceOp
+from .work import Work
+
+__version__ = "0.1.0"
+
+
+def cuda_device_count() -> int:
+    """CUDA devices pyring's kernels can see (0 without CUDA, a driver or a GPU)."""
+    return _C.cuda_device_count()
+
+
+__all__ = [
+    "Communicator", "CommError", "CommTimeout", "Error", "ReduceOp", "Work",
+    "init", "destroy", "default", "is_initialized",
+    "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
+    "cuda_device_count",
+]

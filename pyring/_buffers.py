@@ -1,0 +1,89 @@
+"""Turns torch tensors and numpy arrays into the core's (address, count, dtype) views.
+
+Every check happens here, before any byte is sent: the kind of object, its device, dtype,
+layout and (for outputs) writability.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - torch is always present in practice
+    torch = None
+
+# Codes shared with csrc/core/types.h.
+_NUMPY_CODES = {
+    np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2,
+    np.dtype(np.int8): 4, np.dtype(np.uint8): 5, np.dtype(np.int32): 6, np.dtype(np.int64): 7,
+}
+_TORCH_CODES = {}
+if torch is not None:
+    _TORCH_CODES = {
+        torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
+        torch.int8: 4, torch.uint8: 5, torch.int32: 6, torch.int64: 7,
+    }
+DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+_VALID = ", ".join(DTYPE_NAMES)
+
+
+class View(NamedTuple):
+    ptr: int
+    count: int
+    dtype: int
+    nbytes: int
+
+
+def view_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
+    """Validates ``obj`` as argument ``name`` of ``op`` and returns its view."""
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return _torch_view(obj, op, name)
+    if isinstance(obj, np.ndarray):
+        return _numpy_view(obj, op, name, writable)
+    raise TypeError(
+        f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
+    )
+
+
+def _torch_view(t: Any, op: str, name: str) -> View:
+    code = _TORCH_CODES.get(t.dtype)
+    if code is None:
+        raise TypeError(f"{op}: {name} has unsupported dtype {t.dtype} (supported: {_VALID})")
+    if t.layout != torch.strided:
+        raise TypeError(f"{op}: {name} has layout {t.layout}; only dense (strided) tensors work")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{op}: {name} is on device {t.device}; this build of pyring handles CPU tensors"
+        )
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); "
+            "call .contiguous() first"
+        )
+    n = t.numel()
+    return View(t.data_ptr(), n, code, n * t.element_size())
+
+
+def _numpy_view(a: np.ndarray, op: str, name: str, writable: bool) -> View:
+    code = _NUMPY_CODES.get(a.dtype)
+    if code is None:
+        raise TypeError(f"{op}: {name} has unsupported dtype {a.dtype} (supported: {_VALID})")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{op}: {name} is not C-contiguous (shape {a.shape}, strides {a.strides})")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{op}: {name} is read-only")
+    return View(a.ctypes.data, a.size, code, a.nbytes)
+
+
+def check_same_dtype(op: str, a: View, b: View, a_name: str, b_name: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(
+            f"{op}: {a_name} is {DTYPE_NAMES[a.dtype]} but {b_name} is {DTYPE_NAMES[b.dtype]}"
+        )
+
+
+def overlaps(a: View, b: View) -> bool:
+    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes

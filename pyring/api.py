@@ -1,0 +1,163 @@
+"""``init``/``destroy``, the default communicator, and module-level collectives."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from typing import Any
+
+from . import _C, rendezvous
+from .communicator import Communicator
+from .config import resolve
+from .errors import Error
+from .work import Work
+
+log = logging.getLogger("pyring")
+_default: Communicator | None = None
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _setup_logging(level: str) -> None:
+    if level in ("INFO", "DETAIL") and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[pyring %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG if level == "DETAIL" else logging.INFO)
+
+
+def init(rank: int | None = None, world_size: int | None = None, store: Any = None,
+         timeout: Any = None, *, segment_bytes: Any = None, transport: str | None = None,
+         algo: str | None = None, set_default: bool = True) -> Communicator:
+    """Meets the other ranks and returns a connected Communicator.
+
+    With no arguments it uses the default torch.distributed process group's store when one
+    exists, else torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Any c10d
+    Store may be passed with ``rank`` and ``world_size``. ``timeout`` (seconds or timedelta;
+    default PYRING_TIMEOUT or 300 s) bounds the rendezvous and every collective.
+    ``segment_bytes`` (default PYRING_SEGMENT_BYTES or 256 KiB) is the pipelining unit;
+    ``transport`` is 'auto' (shm within a host, tcp across), 'shm' or 'tcp'
+    (default PYRING_TRANSPORT). The first communicator becomes the default one.
+    """
+    global _default
+    cfg = resolve(timeout, segment_bytes, transport, algo)
+    _setup_logging(cfg.debug)
+    meeting = rendezvous.find_store(rank, world_size, store, cfg.timeout_s)
+    rank, world = meeting.rank, meeting.world_size
+    if not (isinstance(world, int) and world >= 1):
+        raise ValueError(f"init: world_size must be a positive int, got {world!r}")
+    if not (isinstance(rank, int) and 0 <= rank < world):
+        raise ValueError(f"init: rank {rank!r} is out of range for world_size {world}")
+    comm = _connect(meeting, cfg)
+    _live.add(comm)
+    if set_default and _default is None:
+        _default = comm
+    return comm
+
+
+def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
+    rank, world = meeting.rank, meeting.world_size
+    store = rendezvous.prefixed(meeting.store)
+    if rank == 0:
+        store.set("job", os.urandom(40))
+    job = store.get("job") if world > 1 else os.urandom(40)
+    secret, job_id = job[:32], job[32:].hex()
+    host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
+    listener = _C.TcpListener(host_ip) if world > 1 else None
+    me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
+          "segment_bytes": cfg.segment_bytes,
+          "addr": [host_ip, listener.port] if listener else None}
+    peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
+    for key in ("transport", "segment_bytes"):
+        differ = [r for r, p in enumerate(peers) if p[key] != me[key]]
+        if differ:
+            raise ValueError(f"init on rank {rank}: {key}={me[key]!r} here but ranks {differ} "
+                             f"use {[peers[r][key] for r in differ]}")
+    local = [r for r, p in enumerate(peers) if p["host"] == me["host"]]
+    local_index, local_world = local.index(rank), len(local)
+    if cfg.transport == "shm" and local_world != world:
+        raise ValueError(f"init on rank {rank}: transport='shm' needs every rank on one host, "
+                         f"but only ranks {local} share this one")
+    use_shm = cfg.transport != "tcp"
+    neighbours = sorted({(rank - 1) % world, (rank + 1) % world} - {rank})
+    specs, transports = [], {}
+    for p in neighbours:
+        if use_shm and p in local:
+            specs.append((p, "shm", local.index(p), rendezvous.shm_name(job_id, local.index(p)),
+                          "", 0))
+            transports[p] = "shm"
+        else:
+            host, port = peers[p]["addr"]
+            specs.append((p, "tcp", 0, "", host, port))
+            transports[p] = "tcp"
+    names = [rendezvous.shm_name(job_id, i) for i in range(local_world)]
+    segment = None
+    try:
+        if use_shm and local_world > 1:
+            segment = rendezvous.create_segment(job_id, local_index, local_world, cfg)
+            rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
+        core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
+                               local_world, segment, listener, secret, specs)
+        if world > 1:
+            rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
+    finally:
+        # The names go as soon as every local peer has mapped them, or at once on failure.
+        for name in names if segment is not None else ():
+            _C.ShmSegment.unlink(name)
+        if listener is not None:
+            listener.close()
+    log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs", rank, world,
+             local_index, local_world, transports or "none", cfg.segment_bytes, cfg.timeout_s)
+    return Communicator(core, rank=rank, world_size=world, local_rank=local_index,
+                        local_world_size=local_world, store=store, transports=transports)
+
+
+def default() -> Communicator:
+    """The default communicator; raises pyring.Error when ``init`` has not been called."""
+    if _default is None:
+        raise Error("pyring has no default communicator: call pyring.init() first")
+    return _default
+
+
+def is_initialized() -> bool:
+    return _default is not None
+
+
+def destroy(comm: Communicator | None = None) -> None:
+    """Closes ``comm`` (default: the default communicator) and forgets the default."""
+    global _default
+    target = comm if comm is not None else _default
+    if target is not None:
+        target.close()
+    if target is _default:
+        _default = None
+
+
+@atexit.register
+def _close_all() -> None:
+    # Progress threads must stop before the interpreter finalizes.
+    for comm in list(_live):
+        comm.close()
+
+
+def all_reduce(tensor: Any, op: Any = "sum", async_op: bool = False,
+               out: Any = None) -> Work | None:
+    return default().all_reduce(tensor, op=op, async_op=async_op, out=out)
+
+
+def broadcast(tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
+    return default().broadcast(tensor, src=src, async_op=async_op)
+
+
+def all_gather_into_tensor(out: Any, tensor: Any, async_op: bool = False) -> Work | None:
+    return default().all_gather_into_tensor(out, tensor, async_op=async_op)
+
+
+def reduce_scatter_tensor(out: Any, tensor: Any, op: Any = "sum",
+                          async_op: bool = False) -> Work | None:
+    return default().reduce_scatter_tensor(out, tensor, op=op, async_op=async_op)
+
+
+def barrier(async_op: bool = False) -> Work | None:
+    return default().barrier(async_op=async_op)

@@ -1,0 +1,144 @@
+"""The Python Communicator: validates arguments, then hands views to the core."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from . import _C
+from ._buffers import check_same_dtype, overlaps, view_of
+from .ops import op_code
+from .work import Work
+
+
+class Communicator:
+    """A group of ranks and the links between them. Create it with ``pyring.init``.
+
+    Collectives mirror torch.distributed's names. With ``async_op=True`` they return a
+    :class:`Work` at once; otherwise they return None after completing. Every rank must call
+    the same collectives in the same order with matching sizes.
+    """
+
+    def __init__(self, core: Any, *, rank: int, world_size: int, local_rank: int,
+                 local_world_size: int, store: Any, transports: dict[int, str]) -> None:
+        self._c = core
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.store = store
+        self.transports = transports
+        # Tensors of queued collectives stay referenced here until their work completes.
+        self._inflight: collections.deque = collections.deque()
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self.world_size
+
+    def _launch(self, result: Any, keep: tuple, async_op: bool, cwork: Any) -> Work | None:
+        inflight = self._inflight
+        while inflight and inflight[0][0].is_completed():
+            inflight.popleft()
+        if not async_op:
+            return None
+        inflight.append((cwork, keep))
+        return Work(cwork, result)
+
+    def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,
+                   out: Any = None) -> Work | None:
+        """Reduces ``tensor`` across ranks into ``out`` (default: in place)."""
+        code = op_code(op, "all_reduce")
+        src = view_of(tensor, "all_reduce", "tensor", writable=out is None)
+        if out is None:
+            out, dst = tensor, src
+        else:
+            dst = view_of(out, "all_reduce", "out", writable=True)
+            check_same_dtype("all_reduce", src, dst, "tensor", "out")
+            if dst.count != src.count:
+                raise ValueError(f"all_reduce: out has {dst.count} elements but tensor has "
+                                 f"{src.count}")
+            if dst.ptr != src.ptr and overlaps(src, dst):
+                raise ValueError("all_reduce: out partially overlaps tensor")
+        w = self._c.all_reduce(src.ptr, dst.ptr, src.count, src.dtype, code, async_op)
+        return self._launch(out, (tensor, out), async_op, w)
+
+    def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
+        """Copies ``tensor`` from rank ``src`` to every rank."""
+        if not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise ValueError(f"broadcast: src={src!r} is not a rank of a world of "
+                             f"{self.world_size}")
+        v = view_of(tensor, "broadcast", "tensor", writable=True)
+        w = self._c.broadcast(v.ptr, v.count, v.dtype, src, async_op)
+        return self._launch(tensor, (tensor,), async_op, w)
+
+    def all_gather_into_tensor(self, out: Any, tensor: Any,
+                               async_op: bool = False) -> Work | None:
+        """Concatenates every rank's ``tensor`` into ``out`` (world_size times larger)."""
+        src = view_of(tensor, "all_gather_into_tensor", "tensor")
+        dst = view_of(out, "all_gather_into_tensor", "out", writable=True)
+        check_same_dtype("all_gather_into_tensor", src, dst, "tensor", "out")
+        if dst.count != src.count * self.world_size:
+            raise ValueError(
+                f"all_gather_into_tensor: out has {dst.count} elements, expected "
+                f"world_size * tensor = {self.world_size} * {src.count} = "
+                f"{self.world_size * src.count}"
+            )
+        own = dst.ptr + self.rank * src.nbytes
+        if src.ptr != own and overlaps(src, dst):
+            raise ValueError("all_gather_into_tensor: tensor overlaps out but is not this "
+                             "rank's slice of it")
+        w = self._c.all_gather(src.ptr, dst.ptr, src.count, src.dtype, async_op)
+        return self._launch(out, (out, tensor), async_op, w)
+
+    def reduce_scatter_tensor(self, out: Any, tensor: Any, op: Any = "sum",
+                              async_op: bool = False) -> Work | None:
+        """Reduces ``tensor`` across ranks; rank r receives slice r into ``out``."""
+        code = op_code(op, "reduce_scatter_tensor")
+        src = view_of(tensor, "reduce_scatter_tensor", "tensor")
+        dst = view_of(out, "reduce_scatter_tensor", "out", writable=True)
+        check_same_dtype("reduce_scatter_tensor", src, dst, "tensor", "out")
+        if src.count != dst.count * self.world_size:
+            raise ValueError(
+                f"reduce_scatter_tensor: tensor has {src.count} elements, expected "
+                f"world_size * out = {self.world_size} * {dst.count} = "
+                f"{self.world_size * dst.count}"
+            )
+        own = src.ptr + self.rank * dst.nbytes
+        if dst.ptr != own and overlaps(src, dst):
+            raise ValueError("reduce_scatter_tensor: out overlaps tensor but is not this rank's "
+                             "slice of it")
+        w = self._c.reduce_scatter(src.ptr, dst.ptr, dst.count, src.dtype, code, async_op)
+        return self._launch(out, (out, tensor), async_op, w)
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        """Returns once every rank has entered the barrier."""
+        return self._launch(None, (), async_op, self._c.barrier(async_op))
+
+    def transport(self, peer: int) -> str | None:
+        """'shm' or 'tcp' for a peer this rank has a link to, else None."""
+        return self._c.link_kind(peer)
+
+    def link_bytes(self, peer: int) -> tuple[int, int]:
+        """(bytes sent, bytes received) over the link to ``peer``."""
+        return self._c.link_bytes(peer)
+
+    def close(self) -> None:
+        """Finishes the work already running, fails queued work with CommError, and frees the
+        links. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._c.close()
+            self._inflight.clear()
+
+    destroy = close
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<pyring.Communicator rank {self.rank} of {self.world_size}, local "
+                f"{self.local_rank} of {self.local_world_size}>")

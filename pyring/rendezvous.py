@@ -1,0 +1,174 @@
+"""Meeting the peers through a torch.distributed Store.
+
+Python does the exchange; the core gets each peer's details and builds the links. Keys live
+under ``pyring/<n>/`` where ``n`` counts this process's rendezvous, which every rank performs
+in the same order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import itertools
+import json
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from . import _C
+from .config import Config
+
+_generation = itertools.count()
+_NSLOTS = 8
+
+
+@dataclass
+class Meeting:
+    rank: int
+    world_size: int
+    store: Any
+    is_torch_default: bool = False
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def find_store(rank: int | None, world_size: int | None, store: Any, timeout_s: float) -> Meeting:
+    """Resolves rank, world size and store from the arguments, torch.distributed or torchrun."""
+    import torch.distributed as dist
+
+    if store is not None:
+        if rank is None or world_size is None:
+            raise ValueError("init(store=...) also needs rank= and world_size=")
+        return Meeting(rank, world_size, store)
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed import distributed_c10d as c10d
+
+        pg_rank, pg_world = dist.get_rank(), dist.get_world_size()
+        if (rank is not None and rank != pg_rank) or (
+            world_size is not None and world_size != pg_world
+        ):
+            raise ValueError(
+                f"init(rank={rank}, world_size={world_size}) disagrees with the default process "
+                f"group (rank {pg_rank} of {pg_world})"
+            )
+        return Meeting(pg_rank, pg_world, c10d._get_default_store(), is_torch_default=True)
+    rank = rank if rank is not None else _env_int("RANK")
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
+    if world_size == 1 and rank in (None, 0):
+        return Meeting(0, 1, dist.HashStore())
+    missing = [n for n, v in (("RANK", rank), ("WORLD_SIZE", world_size)) if v is None]
+    missing += [n for n in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(n)]
+    if missing:
+        raise ValueError(
+            "pyring.init() found no store: pass store=, rank= and world_size=, or launch with "
+            f"torchrun (missing environment: {', '.join(missing)})"
+        )
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    tcp = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=(rank == 0 and not agent_store),
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )
+    return Meeting(rank, world_size, tcp)
+
+
+def host_key() -> str:
+    """Equal for processes that share a kernel, pid namespace and IPC namespace."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        pass
+    for ns in ("pid", "ipc"):
+        try:
+            parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
+        except OSError:
+            pass
+    return "|".join(parts)
+
+
+def _interface_address(ifname: str) -> str:
+    names = [n for _, n in socket.if_nameindex()]
+    if ifname not in names:
+        raise ValueError(f"PYRING_SOCKET_IFNAME={ifname!r} is not an interface here "
+                         f"(valid: {', '.join(names)})")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
+        except OSError:
+            raise ValueError(f"PYRING_SOCKET_IFNAME={ifname!r} has no IPv4 address") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _route_address(target: str) -> str:
+    """The local address the kernel would use to reach ``target``."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(target), 9))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def listen_address(cfg: Config, store: Any) -> str:
+    if cfg.socket_ifname:
+        return _interface_address(cfg.socket_ifname)
+    target = os.environ.get("MASTER_ADDR") or getattr(store, "host", None)
+    return _route_address(target) if target else "127.0.0.1"
+
+
+def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s: float) -> None:
+    """Returns once every rank in ``ranks`` has reached barrier ``name``."""
+    from .errors import CommTimeout
+
+    store.set(f"{name}/{rank}", b"1")
+    keys = [f"{name}/{r}" for r in ranks]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as e:  # torch raises DistStoreError / RuntimeError on timeout
+        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
+        raise CommTimeout(
+            f"rendezvous barrier '{name}' on rank {rank}: ranks {missing} did not arrive "
+            f"within {timeout_s:g} s ({e})"
+        ) from None
+
+
+def exchange(store: Any, rank: int, world: int, info: dict, timeout_s: float) -> list[dict]:
+    """Publishes ``info`` and returns every rank's, in rank order."""
+    from .errors import CommTimeout
+
+    store.set(f"peer/{rank}", json.dumps(info).encode())
+    keys = [f"peer/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as e:
+        missing = [r for r, k in zip(range(world), keys) if not store.check([k])]
+        raise CommTimeout(
+            f"init on rank {rank}: ranks {missing} did not join within {timeout_s:g} s ({e})"
+        ) from None
+    return [json.loads(store.get(k)) for k in keys]
+
+
+def prefixed(store: Any) -> Any:
+    import torch.distributed as dist
+
+    return dist.PrefixStore(f"pyring/{next(_generation)}", store)
+
+
+def shm_name(job: str, local_index: int) -> str:
+    return f"/pyring-{job}-{local_index}"
+
+
+def create_segment(job: str, local_index: int, local_world: int, cfg: Config) -> Any:
+    return _C.ShmSegment.create(shm_name(job, local_index), local_world, _NSLOTS, cfg.segment_bytes)
