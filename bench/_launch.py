@@ -30,6 +30,7 @@ class Ranks:
         self.pids: set[int] = set()
         self.skip: str | None = None
         self.errors: list[str] = []
+        self.user_ticks: dict[int, int] = {}  # last seen utime of each process of ours
 
     def spawn(self, cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
         self.logs.append(log)
@@ -79,6 +80,8 @@ class Ranks:
     def kill(self) -> None:
         """SIGTERM to our process groups and reported rank pids, SIGKILL after 5 s."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self._all_gone():
+                return
             for p in self.procs:
                 if p.poll() is None:
                     try:
@@ -107,6 +110,13 @@ class Ranks:
                 return False
         return True
 
+    def sample_cpu(self) -> None:
+        """Records the user CPU ticks of our processes; call often, before reaping them."""
+        for pid in {p.pid for p in self.procs} | self.pids:
+            ticks = _user_ticks(f"/proc/{pid}/stat")
+            if ticks is not None:
+                self.user_ticks[pid] = ticks
+
     def log_tail(self, lines: int = 15) -> str:
         out = []
         for log in self.logs:
@@ -114,6 +124,50 @@ class Ranks:
             if text:
                 out.append(f"--- {log.name} (last {len(text)} lines)\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def _user_ticks(stat_path: str) -> int | None:
+    """utime (clock ticks) of one process, all threads; None once it is gone."""
+    try:
+        with open(stat_path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11])  # field 14 of proc(5), counted after "pid (comm)"
+
+
+def machine_user_ticks() -> int:
+    """user + nice clock ticks of all CPUs since boot (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[1]) + int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ForeignLoad:
+    """User CPU time that processes other than ours used between start and stop():
+    machine user time minus our ranks' (Ranks.sample_cpu) and this process's own."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.machine0 = machine_user_ticks()
+        self.self0 = os.times().user
+
+    def stop(self, ranks: Ranks) -> dict[str, float]:
+        hz = os.sysconf("SC_CLK_TCK")
+        wall = time.monotonic() - self.t0
+        machine = (machine_user_ticks() - self.machine0) / hz
+        ours = sum(ranks.user_ticks.values()) / hz + (os.times().user - self.self0)
+        foreign = max(0.0, machine - ours)
+        return {
+            "wall_s": round(wall, 2),
+            "machine_user_cpu_s": round(machine, 2),
+            "our_user_cpu_s": round(ours, 2),
+            "foreign_user_cpu_s": round(foreign, 2),
+            "foreign_share": round(foreign / (wall * (os.cpu_count() or 1)), 4) if wall else 0.0,
+        }
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:

@@ -57,6 +57,13 @@ class _TorchOps(Ops):
         return int((self.ip != self.b.expected).sum())
 
 
+def _wait(ret: Any) -> None:
+    """Completes the call inside the timed region should all_reduce return a work handle."""
+    wait = getattr(ret, "wait", None)
+    if callable(wait):
+        wait()
+
+
 class _PyringOps(_TorchOps):
     def __init__(self, comm: Any, bufs: _Buffers, nbytes: int) -> None:
         super().__init__(bufs, nbytes)
@@ -66,10 +73,10 @@ class _PyringOps(_TorchOps):
         self.comm.barrier()
 
     def run_oop(self) -> None:
-        self.comm.all_reduce(self.src, out=self.out)
+        _wait(self.comm.all_reduce(self.src, out=self.out))
 
     def run_ip(self) -> None:
-        self.comm.all_reduce(self.ip)
+        _wait(self.comm.all_reduce(self.ip))
 
 
 class _GlooOps(_TorchOps):

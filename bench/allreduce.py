@@ -34,7 +34,7 @@ from typing import Any
 
 import _report
 import machine
-from _launch import Ranks, child_env
+from _launch import ForeignLoad, Ranks, child_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 LIBS = ("pyring", "gloo", "mpi")
@@ -53,17 +53,20 @@ def parse_bytes(text: str) -> int:
 
 
 def default_iters(nbytes: int) -> int:
-    """Timed iterations per mode: ~256 MiB moved per mode, between 5 and 100."""
-    return max(5, min(100, (256 * 2**20) // nbytes))
+    """Timed iterations per size and mode: ~1 GiB moved, between 5 and 500."""
+    return max(5, min(500, 2**30 // nbytes))
 
 
 def default_warmup(nbytes: int) -> int:
-    return max(1, min(10, default_iters(nbytes) // 10))
+    """Untimed iterations per size and mode: a tenth of the timed ones, 2 to 20."""
+    return max(2, min(20, default_iters(nbytes) // 10))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--world", type=int, default=2, help="ranks per library (default 2)")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 * 2**10, help="default 4K")
@@ -72,12 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--iters",
         type=int,
         help="timed iterations per size and mode "
-        "(default: size-dependent, 100 at <=2 MiB down to 5 at >=64 MiB)",
+        "(default: 1 GiB / size, between 5 and 500: 500 up to 2 MiB, 5 at 256 MiB)",
     )
     p.add_argument(
         "--warmup",
         type=int,
-        help="untimed iterations per size and mode (default: iters/10, between 1 and 10)",
+        help="untimed iterations per size and mode (default: a tenth of the default iters, 2-20)",
     )
     p.add_argument("--libs", default=",".join(LIBS), help="comma list of pyring,gloo,mpi")
     p.add_argument(
@@ -197,8 +200,8 @@ def run_library(lib: str, args: argparse.Namespace, sizes: list[int], tmp: Path)
         title += f", segment_bytes={args.segment_bytes}"
     print(f"\n# ===== {lib} ({title})", flush=True)
     run = Ranks(lib, args.world, result_dir)
+    load_before, foreign = os.getloadavg(), ForeignLoad()
     t0 = time.monotonic()
-    keep = _start(run, args, cfg, tmp)
     rows: list[dict[str, Any]] = []
     status, reason, last_progress, header_done = "ok", "", time.monotonic(), False
 
@@ -212,36 +215,47 @@ def run_library(lib: str, args: argparse.Namespace, sizes: list[int], tmp: Path)
             rows.append(row)
             print(_report.table_row(row), flush=True)
 
-    while run.procs:
-        if run.read():
-            last_progress = time.monotonic()
+    try:
+        keep = _start(run, args, cfg, tmp)
+        while run.procs:
+            if run.read():
+                last_progress = time.monotonic()
+            emit_rows()
+            run.sample_cpu()
+            codes = [p.poll() for p in run.procs]
+            now = time.monotonic()
+            if run.skip is not None:
+                status = "skipped"
+            elif run.errors or any(c not in (None, 0) for c in codes):
+                status = "error"
+            elif all(c is not None for c in codes):
+                break
+            elif now - t0 > args.timeout:
+                status, reason = "timeout", f"took more than --timeout {args.timeout:g} s"
+            elif now - last_progress > args.stall_timeout:
+                reason = f"no progress for --stall-timeout {args.stall_timeout:g} s"
+                status = "timeout"
+            if status != "ok":
+                time.sleep(0.5)  # let the failing rank finish writing its record
+                run.kill()
+                break
+            time.sleep(0.1)
+        run.read()
         emit_rows()
-        codes = [p.poll() for p in run.procs]
-        now = time.monotonic()
-        if run.skip is not None:
-            status = "skipped"
-        elif run.errors or any(c not in (None, 0) for c in codes):
-            status = "error"
-        elif all(c is not None for c in codes):
-            break
-        elif now - t0 > args.timeout:
-            status, reason = "timeout", f"took more than --timeout {args.timeout:g} s"
-        elif now - last_progress > args.stall_timeout:
-            status, reason = "timeout", f"no progress for --stall-timeout {args.stall_timeout:g} s"
-        if status != "ok":
-            time.sleep(0.5)  # let the failing rank finish writing its record
-            run.kill()
-            break
-        time.sleep(0.1)
-    run.read()
-    emit_rows()
-    del keep
+        del keep
+    except BaseException:  # our own failure or Ctrl-C: no rank may outlive this call
+        run.kill()
+        raise
     error = None
     if run.skip is not None:
         status = "skipped"
-        print(f"# {lib}: SKIPPED: {run.skip}", flush=True)
+        hint = " (install it, or put an in-place build on PYTHONPATH)" if lib == "pyring" else ""
+        print(f"# {lib}: SKIPPED: {run.skip}{hint}", flush=True)
     elif status == "ok" and len(rows) < len(sizes):
         status = "error"
+    wrong = sum(r[m]["wrong"] for r in rows for m in ("oop", "ip"))
+    if status == "ok" and wrong:
+        status = "wrong"  # finished, but some results were not W(W+1)/2
     if status in ("error", "timeout"):
         codes = [p.returncode for p in run.procs]
         parts = [reason] if status == "timeout" else []
@@ -256,12 +270,23 @@ def run_library(lib: str, args: argparse.Namespace, sizes: list[int], tmp: Path)
     if rows:
         print(_report.table_footer(rows), flush=True)
     elapsed = time.monotonic() - t0
+    load = foreign.stop(run)
     print(f"# {lib}: {status}, {elapsed:.1f} s", flush=True)
+    if load["foreign_share"] > 0.05 and load["foreign_user_cpu_s"] > 0.5:
+        print(
+            f"# WARNING: other processes used {load['foreign_user_cpu_s']:.1f} CPU-s "
+            f"({100 * load['foreign_share']:.0f}% of the machine) while {lib} ran: "
+            "its timings are not trustworthy",
+            flush=True,
+        )
     return {
         "status": status,
         "error": error,
         "skip_reason": run.skip,
         "seconds": round(elapsed, 2),
+        "wrong_total": wrong,
+        "loadavg_before_after": [load_before, os.getloadavg()],
+        "foreign_load": load,
         "info": run.info.get(0),
         "config": {k: cfg[k] for k in ("iters", "warmup")},
         "rows": rows,
@@ -318,22 +343,24 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # launching itself failed: report, go on with the others
             res = {"status": "error", "error": f"{type(e).__name__}: {e}", "rows": []}
             print(f"# {lib}: FAILED to launch: {res['error']}", file=sys.stderr, flush=True)
-        failed |= res["status"] in ("error", "timeout")
+        failed |= res["status"] in ("error", "timeout", "wrong")
         doc["results"][lib] = res
         doc["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         out.write_text(json.dumps(doc, indent=1) + "\n")
     print("\n" + _report.summary(doc["results"]))
     print(f"# json: {out}")
-    if not args.no_plot:
+    if not args.no_plot and any(r["rows"] for r in doc["results"].values()):
         png = out.with_suffix(".png")
+        pyring_note = f", pyring transport={args.transport}" if "pyring" in args.libs else ""
         title = (
-            f"allreduce float32 sum, W={args.world}, pyring transport={args.transport}"
+            f"allreduce float32 sum, W={args.world}{pyring_note}"
             f" - {cpu['model']}, {cpu['usable_cores']} cores"
         )
         err = _report.plot(doc["results"], str(png), title)
         print(f"# {err}" if err else f"# png: {png}")
     if failed:
-        print(f"# rank logs kept in {tmp}")
+        bad = [f"{lib}: {r['status']}" for lib, r in doc["results"].items() if r["status"] != "ok"]
+        print(f"# NOT OK: {', '.join(bad)}; rank logs kept in {tmp}")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from . import _C
 from ._buffers import check_same_dtype, overlaps, view_of
 from .ops import op_code
 from .work import Work

@@ -55,7 +55,9 @@ def op_code(op: Any, what: str = "op") -> int:
     if name is not None:
         found = _OP_ALIASES.get(name.lower())
         if found is None:
-            raise ValueError(f"{what}: torch ReduceOp.{name} is not supported (valid: {_VALID_OPS})")
+            raise ValueError(
+                f"{what}: torch ReduceOp.{name} is not supported (valid: {_VALID_OPS})"
+            )
         return _OP_CODES[found]
     raise TypeError(
         f"{what}: op must be a str, pyring.ReduceOp or torch.distributed.ReduceOp, "

@@ -164,9 +164,9 @@ void register_communicator(py::module_& m) {
              BufferView vo = view(out, out_count, dtype);
              ReduceOp rop = op_from_int(op);
              std::string extra = str_cat(", op=", op_name(rop));
-             return launch(c, async_op,
-                           describe("reduce_scatter_tensor", vi.count, dtype, extra.c_str()),
-                           [&c, vi, vo, rop](Deadline d) { ring_reduce_scatter(c, vi, vo, rop, d); });
+             return launch(
+                 c, async_op, describe("reduce_scatter_tensor", vi.count, dtype, extra.c_str()),
+                 [&c, vi, vo, rop](Deadline d) { ring_reduce_scatter(c, vi, vo, rop, d); });
            })
       .def("all_gather",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,

@@ -48,9 +48,8 @@ void register_errors(py::module_& m) {
   g_comm_error = PyErr_NewExceptionWithDoc(
       "pyring._C.CommError", "A link failed, or a peer died or gave up.", g_error, nullptr);
   PyObject* bases = PyTuple_Pack(2, g_comm_error, PyExc_TimeoutError);
-  g_timeout = PyErr_NewExceptionWithDoc("pyring._C.CommTimeout",
-                                        "A collective or rendezvous passed its deadline.", bases,
-                                        nullptr);
+  g_timeout = PyErr_NewExceptionWithDoc(
+      "pyring._C.CommTimeout", "A collective or rendezvous passed its deadline.", bases, nullptr);
   Py_DECREF(bases);
   m.add_object("Error", py::handle(g_error));
   m.add_object("CommError", py::handle(g_comm_error));

@@ -17,10 +17,14 @@ void drive(std::initializer_list<Link*> links, Deadline deadline);
 struct Chunks {
   size_t count;
   size_t parts;
-  size_t offset(size_t i) const { return i * (count / parts) + (i < count % parts ? i : count % parts); }
+  size_t offset(size_t i) const {
+    return i * (count / parts) + (i < count % parts ? i : count % parts);
+  }
   size_t size(size_t i) const { return count / parts + (i < count % parts ? 1 : 0); }
 };
 
-inline size_t ring_index(long i, int n) { return static_cast<size_t>(((i % n) + n) % n); }
+inline size_t ring_index(long i, int n) {
+  return static_cast<size_t>(((i % n) + n) % n);
+}
 
 }  // namespace pyring

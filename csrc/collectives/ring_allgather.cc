@@ -4,6 +4,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
+#include "collectives/header.h"
 #include "transport/link.h"
 
 namespace pyring {
@@ -19,6 +20,9 @@ void ring_allgather(Communicator& comm, const BufferView& in, const BufferView& 
   if (n == 1 || bytes == 0) return;
   Link& left = comm.left();
   Link& right = comm.right();
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum,
+                        out.count);
+  header.post(&left, &right, r);
   right.post_send(own, bytes);
   for (int s = 0; s < n - 1; ++s) {
     RecvSpec spec;

@@ -13,6 +13,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
+#include "collectives/header.h"
 #include "core/errors.h"
 #include "kernels/reduce.h"
 #include "transport/link.h"
@@ -34,11 +35,12 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const size_t asz = dtype_size(acc_type);
   const Chunks chunks{in.count, static_cast<size_t>(n)};
   // Partial results live in `out` when they have the caller's type, else in float32 scratch.
-  uint8_t* acc = acc_type == dtype ? static_cast<uint8_t*>(out.data)
-                                   : comm.scratch(in.count * asz);
+  uint8_t* acc = acc_type == dtype ? static_cast<uint8_t*>(out.data) : comm.scratch(in.count * asz);
   auto acc_at = [&](size_t elem) { return acc + elem * asz; };
   Link& left = comm.left();
   Link& right = comm.right();
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count);
+  header.post(&left, &right, r);
 
   // Step 0 sends this rank's own input chunk, in the accumulation type.
   {

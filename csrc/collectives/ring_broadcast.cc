@@ -6,6 +6,7 @@
 // after every rank has entered, so no rank leaves before all have arrived.
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
+#include "collectives/header.h"
 #include "transport/link.h"
 
 namespace pyring {
@@ -17,13 +18,17 @@ void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadlin
   Link& left = comm.left();
   Link& right = comm.right();
   auto* data = static_cast<uint8_t*>(buf.data);
+  const bool forwards = static_cast<int>(ring_index(r + 1, n)) != root;
+  HeaderExchange header(comm.seq(), CollectiveKind::kBroadcast, buf.dtype, ReduceOp::kSum,
+                        buf.count, root);
+  header.post(r == root ? nullptr : &left, forwards ? &right : nullptr, r);
   if (r == root) {
     right.post_send(data, buf.bytes());
   } else {
     RecvSpec spec;
     spec.bytes = buf.bytes();
     spec.copy_to = data;
-    if (static_cast<int>(ring_index(r + 1, n)) != root) {
+    if (forwards) {
       spec.on_piece = [&right](const uint8_t* piece, size_t, size_t len) {
         right.post_send(piece, len);
       };
@@ -40,6 +45,8 @@ void ring_barrier(Communicator& comm, Deadline deadline) {
   Link& right = comm.right();
   static const uint8_t kToken = 1;
   uint8_t sink[2];
+  HeaderExchange header(comm.seq(), CollectiveKind::kBarrier, DType::kUInt8, ReduceOp::kSum, 0);
+  header.post(&left, &right, comm.rank());
   auto pass_on = [&right](const uint8_t*, size_t, size_t) { right.post_send(&kToken, 1); };
   if (comm.rank() == 0) {
     right.post_send(&kToken, 1);

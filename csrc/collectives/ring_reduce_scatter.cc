@@ -4,6 +4,7 @@
 // forwarded as they land, as in ring_allreduce.
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
+#include "collectives/header.h"
 #include "core/errors.h"
 #include "kernels/reduce.h"
 #include "transport/link.h"
@@ -27,6 +28,8 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   auto acc_at = [&](size_t elem) { return acc + elem * asz; };
   Link& left = comm.left();
   Link& right = comm.right();
+  HeaderExchange header(comm.seq(), CollectiveKind::kReduceScatter, dtype, op, in.count);
+  header.post(&left, &right, r);
 
   {
     size_t off = ring_index(r - 1, n) * m;

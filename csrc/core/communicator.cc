@@ -18,9 +18,13 @@ Communicator::Communicator(int rank, int size, Options options,
   links_.resize(static_cast<size_t>(size));
 }
 
-Communicator::~Communicator() { close(); }
+Communicator::~Communicator() {
+  close();
+}
 
-void Communicator::close() { engine_.stop("communicator closed"); }
+void Communicator::close() {
+  engine_.stop("communicator closed");
+}
 
 bool Communicator::has_link(int peer) const {
   return peer >= 0 && peer < size_ && links_[static_cast<size_t>(peer)] != nullptr;
@@ -42,9 +46,10 @@ std::function<void()> Communicator::guarded(const std::string& description,
   return [this, description, fn = std::move(fn)] {
     std::string prefix = str_cat(description, " on rank ", rank_, "/", size_, ": ");
     if (!broken_.empty()) {
-      PYRING_THROW(CommError, prefix, "communicator is unusable after an earlier failure: ",
-                   broken_);
+      PYRING_THROW(CommError, prefix,
+                   "communicator is unusable after an earlier failure: ", broken_);
     }
+    ++seq_;
     try {
       fn(Deadline::after(options_.timeout_s));
     } catch (const CommError& e) {

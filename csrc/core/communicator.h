@@ -13,7 +13,7 @@ namespace pyring {
 class Link;
 
 struct Options {
-  double timeout_s = 300.0;       // deadline of every collective, counted from its start
+  double timeout_s = 300.0;          // deadline of every collective, counted from its start
   size_t segment_bytes = 256 << 10;  // pipelining unit; shm slot and tcp staging size
 };
 
@@ -49,6 +49,8 @@ class Communicator {
   // Stops the progress engine (queued work fails with CommError). Idempotent.
   void close();
   bool broken() const { return !broken_.empty(); }
+  // The sequence number of the collective running now (1 for the first).
+  uint64_t seq() const { return seq_; }
 
  private:
   std::function<void()> guarded(const std::string& description, std::function<void(Deadline)> fn);
@@ -59,6 +61,7 @@ class Communicator {
   std::vector<std::unique_ptr<Link>> links_;
   std::shared_ptr<void> keepalive_;
   std::vector<uint8_t> scratch_;
+  uint64_t seq_ = 0;    // written only by the running collective
   std::string broken_;  // why the communicator is unusable; written only by the running collective
   ProgressEngine engine_;  // last: its thread stops before the links go away
 };

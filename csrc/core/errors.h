@@ -52,20 +52,20 @@ std::string str_cat(const Args&... args) {
 
 #define PYRING_THROW(type, ...) throw type(::pyring::str_cat(__VA_ARGS__))
 
-#define PYRING_CHECK(cond, type, ...)    \
-  do {                                   \
-    if (!(cond)) {                       \
-      PYRING_THROW(type, __VA_ARGS__);   \
-    }                                    \
+#define PYRING_CHECK(cond, type, ...)  \
+  do {                                 \
+    if (!(cond)) {                     \
+      PYRING_THROW(type, __VA_ARGS__); \
+    }                                  \
   } while (0)
 
 #define PYRING_CHECK_ARG(cond, ...) PYRING_CHECK(cond, ::pyring::InvalidArgument, __VA_ARGS__)
 
 // Throws CommError with strerror(errno) appended when `expr` is false.
-#define PYRING_CHECK_ERRNO(cond, ...)                                                      \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      int pyring_errno_ = errno;                                                           \
+#define PYRING_CHECK_ERRNO(cond, ...)                                                     \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      int pyring_errno_ = errno;                                                          \
       PYRING_THROW(::pyring::CommError, __VA_ARGS__, ": ", std::strerror(pyring_errno_)); \
-    }                                                                                      \
+    }                                                                                     \
   } while (0)

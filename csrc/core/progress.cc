@@ -14,7 +14,9 @@ constexpr auto kIdleSpin = std::chrono::microseconds(30);
 
 ProgressEngine::ProgressEngine() : thread_([this] { loop(); }) {}
 
-ProgressEngine::~ProgressEngine() { stop("communicator destroyed"); }
+ProgressEngine::~ProgressEngine() {
+  stop("communicator destroyed");
+}
 
 std::shared_ptr<Work> ProgressEngine::submit(std::string description, std::function<void()> fn) {
   auto work = std::make_shared<Work>(std::move(description), std::move(fn));

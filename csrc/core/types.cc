@@ -6,39 +6,60 @@ namespace pyring {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kInt8: return 1;
-    case DType::kUInt8: return 1;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kInt8:
+      return 1;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   PYRING_THROW(InvalidArgument, "unknown dtype code ", static_cast<int>(t));
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt8: return "int8";
-    case DType::kUInt8: return "uint8";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "unknown";
 }
 
 const char* op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProd:
+      return "prod";
   }
   return "unknown";
 }

@@ -26,8 +26,8 @@ constexpr int kNumReduceOps = 5;
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 const char* op_name(ReduceOp op);
-DType dtype_from_int(int v);     // throws InvalidArgument naming the valid range
-ReduceOp op_from_int(int v);     // throws InvalidArgument naming the valid range
+DType dtype_from_int(int v);  // throws InvalidArgument naming the valid range
+ReduceOp op_from_int(int v);  // throws InvalidArgument naming the valid range
 
 // The type partial results travel in during reduce-scatter: float16 and bfloat16 are
 // accumulated in float32 and rounded once by the chunk's owner.

@@ -5,7 +5,9 @@
 
 namespace pyring {
 
-bool built_with_cuda() { return true; }
+bool built_with_cuda() {
+  return true;
+}
 
 int cuda_device_count() {
   int n = 0;
@@ -18,8 +20,8 @@ int cuda_device_count() {
 
 std::string cuda_device_name(int index) {
   int n = cuda_device_count();
-  PYRING_CHECK_ARG(index >= 0 && index < n, "CUDA device index ", index, " out of range (",
-                   n, " device(s))");
+  PYRING_CHECK_ARG(index >= 0 && index < n, "CUDA device index ", index, " out of range (", n,
+                   " device(s))");
   cudaDeviceProp prop;
   cudaError_t err = cudaGetDeviceProperties(&prop, index);
   PYRING_CHECK(err == cudaSuccess, Error, "cudaGetDeviceProperties(", index,

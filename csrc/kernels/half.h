@@ -24,7 +24,9 @@ inline uint32_t float_to_bits(float f) {
   return u;
 }
 
-inline float to_float(BFloat16 h) { return bits_to_float(static_cast<uint32_t>(h.bits) << 16); }
+inline float to_float(BFloat16 h) {
+  return bits_to_float(static_cast<uint32_t>(h.bits) << 16);
+}
 
 inline BFloat16 to_bfloat16(float f) {
   uint32_t u = float_to_bits(f);
@@ -50,7 +52,7 @@ inline Half to_half(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return Half{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow: inf
   if (abs < 0x38800000u) {
     // Subnormal or zero: scale so that the half ulp (2^-24) becomes 1, round to nearest even.

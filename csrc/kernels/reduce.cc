@@ -31,19 +31,27 @@ struct Elem<BFloat16> {
 
 struct OpSum {
   template <class A>
-  static A apply(A x, A y) { return static_cast<A>(x + y); }
+  static A apply(A x, A y) {
+    return static_cast<A>(x + y);
+  }
 };
 struct OpProd {
   template <class A>
-  static A apply(A x, A y) { return static_cast<A>(x * y); }
+  static A apply(A x, A y) {
+    return static_cast<A>(x * y);
+  }
 };
 struct OpMax {
   template <class A>
-  static A apply(A x, A y) { return x > y ? x : y; }
+  static A apply(A x, A y) {
+    return x > y ? x : y;
+  }
 };
 struct OpMin {
   template <class A>
-  static A apply(A x, A y) { return x < y ? x : y; }
+  static A apply(A x, A y) {
+    return x < y ? x : y;
+  }
 };
 
 template <class T, class Op>
@@ -81,10 +89,14 @@ template <class T>
 void accumulate_op(ReduceOp op, const void* a, const void* b, void* acc, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return accumulate_impl<T, OpSum>(a, b, acc, n);
-    case ReduceOp::kProd: return accumulate_impl<T, OpProd>(a, b, acc, n);
-    case ReduceOp::kMax: return accumulate_impl<T, OpMax>(a, b, acc, n);
-    case ReduceOp::kMin: return accumulate_impl<T, OpMin>(a, b, acc, n);
+    case ReduceOp::kAvg:
+      return accumulate_impl<T, OpSum>(a, b, acc, n);
+    case ReduceOp::kProd:
+      return accumulate_impl<T, OpProd>(a, b, acc, n);
+    case ReduceOp::kMax:
+      return accumulate_impl<T, OpMax>(a, b, acc, n);
+    case ReduceOp::kMin:
+      return accumulate_impl<T, OpMin>(a, b, acc, n);
   }
   PYRING_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
 }
@@ -92,27 +104,40 @@ void accumulate_op(ReduceOp op, const void* a, const void* b, void* acc, size_t 
 template <class T>
 void finish_op(ReduceOp op, const void* a, const void* b, void* out, size_t n, int world) {
   switch (op) {
-    case ReduceOp::kSum: return finish_impl<T, OpSum, false>(a, b, out, n, world);
-    case ReduceOp::kAvg: return finish_impl<T, OpSum, true>(a, b, out, n, world);
-    case ReduceOp::kProd: return finish_impl<T, OpProd, false>(a, b, out, n, world);
-    case ReduceOp::kMax: return finish_impl<T, OpMax, false>(a, b, out, n, world);
-    case ReduceOp::kMin: return finish_impl<T, OpMin, false>(a, b, out, n, world);
+    case ReduceOp::kSum:
+      return finish_impl<T, OpSum, false>(a, b, out, n, world);
+    case ReduceOp::kAvg:
+      return finish_impl<T, OpSum, true>(a, b, out, n, world);
+    case ReduceOp::kProd:
+      return finish_impl<T, OpProd, false>(a, b, out, n, world);
+    case ReduceOp::kMax:
+      return finish_impl<T, OpMax, false>(a, b, out, n, world);
+    case ReduceOp::kMin:
+      return finish_impl<T, OpMin, false>(a, b, out, n, world);
   }
   PYRING_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
 }
 
 // Calls F<T>::run(args...) for the storage type T of `dtype`.
-#define PYRING_DISPATCH(dtype, FN, ...)                             \
-  switch (dtype) {                                                  \
-    case DType::kFloat32: return FN<float>(__VA_ARGS__);            \
-    case DType::kFloat64: return FN<double>(__VA_ARGS__);           \
-    case DType::kFloat16: return FN<Half>(__VA_ARGS__);             \
-    case DType::kBFloat16: return FN<BFloat16>(__VA_ARGS__);        \
-    case DType::kInt8: return FN<int8_t>(__VA_ARGS__);              \
-    case DType::kUInt8: return FN<uint8_t>(__VA_ARGS__);            \
-    case DType::kInt32: return FN<int32_t>(__VA_ARGS__);            \
-    case DType::kInt64: return FN<int64_t>(__VA_ARGS__);            \
-  }                                                                 \
+#define PYRING_DISPATCH(dtype, FN, ...) \
+  switch (dtype) {                      \
+    case DType::kFloat32:               \
+      return FN<float>(__VA_ARGS__);    \
+    case DType::kFloat64:               \
+      return FN<double>(__VA_ARGS__);   \
+    case DType::kFloat16:               \
+      return FN<Half>(__VA_ARGS__);     \
+    case DType::kBFloat16:              \
+      return FN<BFloat16>(__VA_ARGS__); \
+    case DType::kInt8:                  \
+      return FN<int8_t>(__VA_ARGS__);   \
+    case DType::kUInt8:                 \
+      return FN<uint8_t>(__VA_ARGS__);  \
+    case DType::kInt32:                 \
+      return FN<int32_t>(__VA_ARGS__);  \
+    case DType::kInt64:                 \
+      return FN<int64_t>(__VA_ARGS__);  \
+  }                                     \
   PYRING_THROW(InvalidArgument, "unknown dtype code ", static_cast<int>(dtype))
 
 }  // namespace

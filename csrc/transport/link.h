@@ -8,12 +8,12 @@
 // - Memory passed to post_send() must stay valid and unchanged until idle() is true.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <atomic>
 
 namespace pyring {
 

@@ -15,8 +15,7 @@ namespace pyring {
 
 namespace {
 void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
-          0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 }  // namespace
 
@@ -36,8 +35,8 @@ bool process_alive(int pid) {
   return state != 'Z' && state != 'X';
 }
 
-ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local,
-                 std::shared_ptr<ShmSegment> mine, std::shared_ptr<ShmSegment> theirs)
+ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
+                 std::shared_ptr<ShmSegment> theirs)
     : Link(peer),
       mine_(std::move(mine)),
       theirs_(std::move(theirs)),
@@ -122,6 +121,8 @@ bool ShmLink::progress_recv() {
 
 bool ShmLink::progress() {
   PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+  PYRING_CHECK(theirs_->header()->aborted.load(std::memory_order_relaxed) == 0, CommError, "rank ",
+               peer_, " gave up on the communicator");
   bool moved = progress_send();
   moved |= progress_recv();
   return moved;

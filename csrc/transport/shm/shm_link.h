@@ -50,11 +50,11 @@ class ShmLink : public Link {
   uint32_t peer_local_;
   uint32_t nslots_;
   uint64_t slot_bytes_;
-  uint64_t head_ = 0;        // next slot to publish to the peer
-  uint64_t tail_seen_ = 0;   // last observed peer tail
-  uint64_t tail_ = 0;        // next slot to read from the peer
-  uint64_t head_seen_ = 0;   // last observed peer head
-  size_t slot_offset_ = 0;   // bytes of slot tail_ already consumed
+  uint64_t head_ = 0;       // next slot to publish to the peer
+  uint64_t tail_seen_ = 0;  // last observed peer tail
+  uint64_t tail_ = 0;       // next slot to read from the peer
+  uint64_t head_seen_ = 0;  // last observed peer head
+  size_t slot_offset_ = 0;  // bytes of slot tail_ already consumed
   std::deque<Send> sends_;
   std::deque<Recv> recvs_;
   bool aborted_ = false;

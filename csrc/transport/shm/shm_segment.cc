@@ -15,7 +15,9 @@ namespace {
 constexpr uint64_t kMagic = 0x7079726e67736d31ULL;  // "pyrngsm1"
 constexpr size_t kPage = 4096;
 
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+size_t round_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 size_t stride_for(uint32_t nslots, uint64_t slot_bytes) {
   return round_up(sizeof(InboxControl) + static_cast<size_t>(nslots) * slot_bytes, kPage);
@@ -29,15 +31,17 @@ size_t ShmSegment::size_for(uint32_t local_world, uint32_t nslots, uint64_t slot
 ShmSegment::ShmSegment(std::string name, void* base, size_t size)
     : name_(std::move(name)), base_(base), size_(size) {}
 
-ShmSegment::~ShmSegment() { munmap(base_, size_); }
+ShmSegment::~ShmSegment() {
+  munmap(base_, size_);
+}
 
 size_t ShmSegment::inbox_stride() const {
   return stride_for(header()->nslots, header()->slot_bytes);
 }
 
 InboxControl* ShmSegment::inbox_control(uint32_t from) const {
-  auto* p = static_cast<uint8_t*>(base_) + round_up(sizeof(SegmentHeader), kPage) +
-            from * inbox_stride();
+  auto* p =
+      static_cast<uint8_t*>(base_) + round_up(sizeof(SegmentHeader), kPage) + from * inbox_stride();
   return reinterpret_cast<InboxControl*>(p);
 }
 
@@ -98,11 +102,13 @@ std::shared_ptr<ShmSegment> ShmSegment::attach(const std::string& name, uint32_t
   PYRING_CHECK(base != MAP_FAILED, CommError, "mmap(", name, ") failed: ", strerror(err));
   auto seg = std::shared_ptr<ShmSegment>(new ShmSegment(name, base, size));
   auto* h = seg->header();
-  PYRING_CHECK(h->magic == kMagic && h->nslots == nslots && h->slot_bytes == slot_bytes,
-               CommError, "shared-memory segment ", name, " has an unexpected layout");
+  PYRING_CHECK(h->magic == kMagic && h->nslots == nslots && h->slot_bytes == slot_bytes, CommError,
+               "shared-memory segment ", name, " has an unexpected layout");
   return seg;
 }
 
-void ShmSegment::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+void ShmSegment::unlink(const std::string& name) {
+  shm_unlink(name.c_str());
+}
 
 }  // namespace pyring

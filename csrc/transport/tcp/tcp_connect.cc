@@ -30,8 +30,8 @@ sockaddr_in make_addr(const std::string& host, int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  PYRING_CHECK_ARG(inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1,
-                   "not an IPv4 address: '", host, "'");
+  PYRING_CHECK_ARG(inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1, "not an IPv4 address: '",
+                   host, "'");
   return addr;
 }
 
@@ -129,7 +129,9 @@ TcpListener::TcpListener(const std::string& host) {
   set_nonblocking(fd_);
 }
 
-TcpListener::~TcpListener() { close_now(); }
+TcpListener::~TcpListener() {
+  close_now();
+}
 
 void TcpListener::close_now() {
   if (fd_ >= 0) close(fd_);
@@ -159,8 +161,9 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
                 str_cat("sending hello from rank ", rank, " to rank ", p.rank));
     }
     while (expected_accepts > 0) {
-      wait_fd(listener.fd(), POLLIN, deadline,
-              str_cat("rank ", rank, " waiting for ", expected_accepts, " lower rank(s) to connect"));
+      wait_fd(
+          listener.fd(), POLLIN, deadline,
+          str_cat("rank ", rank, " waiting for ", expected_accepts, " lower rank(s) to connect"));
       int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) continue;
       Hello in{};

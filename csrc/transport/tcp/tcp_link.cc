@@ -12,10 +12,13 @@
 namespace pyring {
 
 TcpLink::TcpLink(int peer, int fd, size_t staging_bytes)
-    : Link(peer), fd_(fd), staging_(std::max<size_t>(kPieceAlign, staging_bytes / kPieceAlign *
-                                                                      kPieceAlign)) {}
+    : Link(peer),
+      fd_(fd),
+      staging_(std::max<size_t>(kPieceAlign, staging_bytes / kPieceAlign * kPieceAlign)) {}
 
-TcpLink::~TcpLink() { close(fd_); }
+TcpLink::~TcpLink() {
+  close(fd_);
+}
 
 void TcpLink::post_send(const uint8_t* data, size_t bytes) {
   if (bytes > 0) sends_.push_back({data, bytes, 0});
@@ -36,7 +39,9 @@ bool TcpLink::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
     Send& s = sends_.front();
-    ssize_t n = ::send(fd_, s.data + s.done, s.bytes - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    // MSG_MORE lets a header and the data behind it share a TCP segment.
+    int more = sends_.size() > 1 ? MSG_MORE : 0;
+    ssize_t n = ::send(fd_, s.data + s.done, s.bytes - s.done, MSG_NOSIGNAL | MSG_DONTWAIT | more);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;

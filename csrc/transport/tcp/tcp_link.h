@@ -34,8 +34,8 @@ class TcpLink : public Link {
   };
   struct Recv {
     RecvSpec spec;
-    size_t done;       // bytes delivered to on_piece / copy_to
-    size_t received;   // bytes read from the socket (>= done)
+    size_t done;      // bytes delivered to on_piece / copy_to
+    size_t received;  // bytes read from the socket (>= done)
   };
   bool progress_send();
   bool progress_recv();

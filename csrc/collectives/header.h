@@ -1,0 +1,51 @@
+// The header every collective sends ahead of its data on each link it uses.
+//
+// It carries the collective's sequence number on this communicator, its kind, dtype, op, count
+// and root, so that a rank whose neighbour runs a different collective (a different order,
+// size or type, or stale bytes from a collective the neighbour abandoned) raises CommError
+// naming both instead of combining unrelated bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "core/types.h"
+#include "transport/link.h"
+
+namespace pyring {
+
+enum class CollectiveKind : uint32_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+};
+
+struct WireHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t seq;
+  uint64_t count;
+  uint8_t dtype;
+  uint8_t op;
+  uint16_t reserved;
+  int32_t root;
+};
+static_assert(sizeof(WireHeader) == 32, "WireHeader is part of the wire format");
+
+// Posts this rank's header to `to` (if not null) and the check of the header expected from
+// `from` (if not null). Must be posted before the collective's data on the same links; lives
+// on the collective's stack until drive() returns.
+class HeaderExchange {
+ public:
+  HeaderExchange(uint64_t seq, CollectiveKind kind, DType dtype, ReduceOp op, uint64_t count,
+                 int root = -1);
+  void post(Link* from, Link* to, int this_rank);
+
+ private:
+  WireHeader mine_{};
+  WireHeader incoming_{};
+  int this_rank_ = -1;
+};
+
+}  // namespace pyring

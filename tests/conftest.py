@@ -1,0 +1,17 @@
+import os
+
+import pytest
+
+# Every multi-process test runs under a short collective deadline unless it sets its own.
+os.environ.setdefault("PYRING_TIMEOUT", "60")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_segments():
+    """Fails a test that leaves a pyring shared-memory segment behind."""
+    yield
+    if os.path.isdir("/dev/shm"):
+        leaked = [n for n in os.listdir("/dev/shm") if n.startswith("pyring-")]
+        for n in leaked:
+            os.unlink(os.path.join("/dev/shm", n))
+        assert not leaked, f"shared-memory segments outlived the job: {leaked}"

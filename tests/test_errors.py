@@ -1,0 +1,218 @@
+"""Bad arguments, bad configuration, dead peers and deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from multiproc import run_ranks
+
+import pyring
+
+
+@pytest.fixture()
+def solo():
+    with pyring.init(0, 1, dist.HashStore(), set_default=False) as comm:
+        yield comm
+
+
+def _bad_calls(comm):
+    """(callable, exception type, text the message must contain) for each bad argument."""
+    t = torch.zeros(8)
+    return [
+        (lambda: comm.all_reduce(torch.zeros(4, 4).t()), ValueError, "not contiguous"),
+        (lambda: comm.all_reduce(torch.zeros(4, dtype=torch.complex64)), TypeError,
+         "unsupported dtype"),
+        (lambda: comm.all_reduce(torch.zeros(4, dtype=torch.bool)), TypeError, "unsupported dtype"),
+        (lambda: comm.all_reduce(torch.zeros(4, device="meta")), ValueError, "device meta"),
+        (lambda: comm.all_reduce(torch.zeros(4).to_sparse()), TypeError, "layout"),
+        (lambda: comm.all_reduce([1.0, 2.0]), TypeError, "torch.Tensor or numpy.ndarray"),
+        (lambda: comm.all_reduce(t, out=torch.zeros(7)), ValueError, "out has 7 elements"),
+        (lambda: comm.all_reduce(t, out=torch.zeros(8, dtype=torch.float64)), TypeError,
+         "float32 but out is float64"),
+        (lambda: comm.all_reduce(t, op="xor"), ValueError, "unknown reduce op 'xor'"),
+        (lambda: comm.all_reduce(t, op=3), TypeError, "op must be"),
+        (lambda: comm.all_reduce(t, op=dist.ReduceOp.BAND), ValueError, "BAND"),
+        (lambda: comm.broadcast(t, src=comm.world_size), ValueError, "src="),
+        (lambda: comm.all_gather_into_tensor(torch.zeros(3), t), ValueError,
+         "out has 3 elements"),
+        (lambda: comm.reduce_scatter_tensor(torch.zeros(3), t), ValueError,
+         "tensor has 8 elements"),
+        (lambda: comm.all_reduce(_readonly()), ValueError, "read-only"),
+        (lambda: comm.all_reduce(np.zeros((4, 4), np.float32).T), ValueError,
+         "not C-contiguous"),
+    ]
+
+
+def _readonly():
+    a = np.zeros(4, np.float32)
+    a.flags.writeable = False
+    return a
+
+
+def test_bad_arguments_single_rank(solo):
+    for k, (call, exc, text) in enumerate(_bad_calls(solo)):
+        with pytest.raises(exc) as info:
+            call()
+        assert text in str(info.value), f"case {k}: {info.value!r}"
+        assert "all_reduce" in str(info.value) or "broadcast" in str(info.value) or \
+            "gather" in str(info.value) or "scatter" in str(info.value), str(info.value)
+
+
+def test_partial_overlap_rejected(solo):
+    base = torch.zeros(12)
+    with pytest.raises(ValueError, match="partially overlaps"):
+        solo.all_reduce(base[0:8], out=base[2:10])
+
+
+def _bad_then_good(rank, world, store):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=20)
+    if rank == 0:
+        errors = 0
+        for call, exc, _ in _bad_calls(comm):
+            try:
+                call()
+            except exc:
+                errors += 1
+    t = torch.full((1000,), float(rank + 1))
+    comm.all_reduce(t)
+    comm.close()
+    return float(t[0]), (errors if rank == 0 else None)
+
+
+def test_bad_arguments_send_nothing():
+    """Rank 0 makes every mistake first; the next real collective still lines up."""
+    res = run_ranks(2, _bad_then_good, timeout=120)
+    assert res[0][0] == res[1][0] == 3.0
+    assert res[0][1] == len(_bad_calls(_FakeComm()))
+
+
+class _FakeComm:
+    world_size = 2
+
+
+@pytest.mark.parametrize(
+    "env,kwargs,text",
+    [({"PYRING_TRANSPORT": "carrier-pigeon"}, {}, "PYRING_TRANSPORT='carrier-pigeon'"),
+     ({"PYRING_TIMEOUT": "soon"}, {}, "PYRING_TIMEOUT"),
+     ({"PYRING_SEGMENT_BYTES": "lots"}, {}, "PYRING_SEGMENT_BYTES"),
+     ({"PYRING_DEBUG": "LOUD"}, {}, "valid: WARN, INFO, DETAIL"),
+     ({}, {"segment_bytes": 4}, "at least 8"),
+     ({}, {"timeout": -1}, "positive")],
+)
+def test_bad_configuration(monkeypatch, env, kwargs, text):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as info:
+        pyring.init(0, 1, dist.HashStore(), set_default=False, **kwargs)
+    assert text in str(info.value)
+
+
+def test_init_without_store_names_missing_environment(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"):
+        pyring.init()
+
+
+def test_no_default_communicator():
+    pyring.destroy()
+    with pytest.raises(pyring.Error, match="pyring.init"):
+        pyring.all_reduce(torch.zeros(1))
+
+
+def test_closed_communicator_raises(solo):
+    solo.close()
+    with pytest.raises(pyring.CommError, match="closed"):
+        solo.all_reduce(torch.zeros(4))
+
+
+def _killed_peer(rank, world, store, transport):
+    comm = pyring.init(rank, world, store, transport=transport, set_default=False, timeout=30)
+    big = torch.ones(8 << 20)
+    comm.all_reduce(big[:1000])  # everyone is connected and warm
+    if rank == 1:
+        comm.all_reduce(big, async_op=True)
+        time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        for _ in range(20):
+            comm.all_reduce(big)
+        return ("no error", "", 0.0)
+    except pyring.CommError as e:
+        first = (type(e).__name__, str(e), time.monotonic() - start)
+    try:
+        comm.all_reduce(big[:10])
+        again = "no error"
+    except pyring.CommError as e:
+        again = str(e)
+    comm.close()
+    return first + (again,)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_killed_peer_every_survivor_raises(transport):
+    res = run_ranks(3, _killed_peer, transport, timeout=120, allow_failures=True)
+    assert res[1] is None, f"rank 1 should have died silently, got {res[1]}"
+    for rank in (0, 2):
+        kind, msg, elapsed, again = res[rank]
+        assert kind in ("CommError", "CommTimeout"), (rank, kind, msg)
+        assert f"on rank {rank}/3" in msg and "all_reduce" in msg and "bytes" in msg, msg
+        assert "rank 1" in msg or "rank 0" in msg or "rank 2" in msg, msg
+        assert elapsed < 30, f"rank {rank} took {elapsed:.1f} s to notice"
+        assert "unusable after an earlier failure" in again, again
+
+
+def _absent_peer(rank, world, store):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=1.5)
+    if rank == 1:
+        time.sleep(4)
+        try:
+            comm.all_reduce(torch.ones(10))
+            return "no error"
+        except pyring.CommError as e:
+            return type(e).__name__
+    start = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(1 << 16))
+        return "no error"
+    except pyring.CommTimeout as e:
+        return (type(e).__name__, str(e), time.monotonic() - start)
+
+
+def test_deadline_raises_comm_timeout():
+    res = run_ranks(2, _absent_peer, timeout=60)
+    kind, msg, elapsed = res[0]
+    assert kind == "CommTimeout" and isinstance(pyring.CommTimeout("x"), TimeoutError)
+    assert "timed out" in msg and "rank 1" in msg and "262144 bytes" in msg, msg
+    assert 1.4 < elapsed < 5, elapsed
+    assert res[1] == "CommError", "the late rank must learn that its peer gave up"
+
+
+def _late_peer(rank, world, store):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=30)
+    t = torch.ones(100)
+    if rank == 1:
+        time.sleep(1.0)
+        comm.all_reduce(t)
+        return None
+    w = comm.all_reduce(t, async_op=True)
+    try:
+        w.wait(timeout=0.1)
+        early = "completed"
+    except pyring.CommTimeout as e:
+        early = str(e)
+    w.wait()
+    return early, float(t[0])
+
+
+def test_work_wait_timeout_then_completes():
+    early, value = run_ranks(2, _late_peer, timeout=60)[0]
+    assert "not complete after 0.1 s" in early
+    assert value == 2.0
