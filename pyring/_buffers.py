@@ -48,8 +48,20 @@ def view_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
     )
 
 
+_SIZES = (4, 8, 2, 2, 1, 1, 4, 8)
+_STRIDED = torch.strided if torch is not None else None
+_new_view = tuple.__new__
+
+
 def _torch_view(t: Any, op: str, name: str) -> View:
     code = _TORCH_CODES.get(t.dtype)
+    if code is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
+        _reject_torch(t, op, name, code)
+    n = t.numel()
+    return _new_view(View, (t.data_ptr(), n, code, n * _SIZES[code]))
+
+
+def _reject_torch(t: Any, op: str, name: str, code: int | None) -> None:
     if code is None:
         raise TypeError(f"{op}: {name} has unsupported dtype {t.dtype} (supported: {_VALID})")
     if t.layout != torch.strided:
@@ -58,13 +70,10 @@ def _torch_view(t: Any, op: str, name: str) -> View:
         raise ValueError(
             f"{op}: {name} is on device {t.device}; this build of pyring handles CPU tensors"
         )
-    if not t.is_contiguous():
-        raise ValueError(
-            f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); "
-            "call .contiguous() first"
-        )
-    n = t.numel()
-    return View(t.data_ptr(), n, code, n * t.element_size())
+    raise ValueError(
+        f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); "
+        "call .contiguous() first"
+    )
 
 
 def _numpy_view(a: np.ndarray, op: str, name: str, writable: bool) -> View:

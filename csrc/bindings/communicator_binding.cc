@@ -73,7 +73,7 @@ std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeo
 }
 
 // Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
-py::object launch(Communicator& comm, bool async_op, std::string desc,
+py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                   std::function<void(Deadline)> fn) {
   if (async_op) {
     std::shared_ptr<Work> work;
@@ -84,14 +84,18 @@ py::object launch(Communicator& comm, bool async_op, std::string desc,
     return py::cast(work);
   }
   py::gil_scoped_release nogil;
-  comm.run_sync(desc, std::move(fn));
+  comm.run_sync(desc, fn);
   return py::none();
 }
 
-std::string describe(const char* op, size_t count, int dtype, const char* extra = "") {
-  DType t = dtype_from_int(dtype);
-  return str_cat(op, "(count=", count, ", dtype=", dtype_name(t), ", ", count * dtype_size(t),
-                 " bytes", extra, ")");
+CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int root = -1) {
+  CollectiveDesc d;
+  d.name = name;
+  d.count = v.count;
+  d.dtype = v.dtype;
+  d.op = op;
+  d.root = root;
+  return d;
 }
 
 }  // namespace
@@ -153,8 +157,7 @@ void register_communicator(py::module_& m) {
               bool async_op) {
              BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
              ReduceOp rop = op_from_int(op);
-             std::string extra = str_cat(", op=", op_name(rop));
-             return launch(c, async_op, describe("all_reduce", count, dtype, extra.c_str()),
+             return launch(c, async_op, desc_of("all_reduce", vi, op),
                            [&c, vi, vo, rop](Deadline d) { ring_allreduce(c, vi, vo, rop, d); });
            })
       .def("reduce_scatter",
@@ -163,9 +166,8 @@ void register_communicator(py::module_& m) {
              BufferView vi = view(in, out_count * static_cast<size_t>(c.size()), dtype);
              BufferView vo = view(out, out_count, dtype);
              ReduceOp rop = op_from_int(op);
-             std::string extra = str_cat(", op=", op_name(rop));
              return launch(
-                 c, async_op, describe("reduce_scatter_tensor", vi.count, dtype, extra.c_str()),
+                 c, async_op, desc_of("reduce_scatter_tensor", vi, op),
                  [&c, vi, vo, rop](Deadline d) { ring_reduce_scatter(c, vi, vo, rop, d); });
            })
       .def("all_gather",
@@ -173,7 +175,7 @@ void register_communicator(py::module_& m) {
               bool async_op) {
              BufferView vi = view(in, in_count, dtype);
              BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
-             return launch(c, async_op, describe("all_gather_into_tensor", vo.count, dtype),
+             return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
                            [&c, vi, vo](Deadline d) { ring_allgather(c, vi, vo, d); });
            })
       .def("broadcast",
@@ -181,12 +183,14 @@ void register_communicator(py::module_& m) {
              PYRING_CHECK_ARG(root >= 0 && root < c.size(), "broadcast root ", root,
                               " out of range for world size ", c.size());
              BufferView v = view(ptr, count, dtype);
-             std::string extra = str_cat(", src=", root);
-             return launch(c, async_op, describe("broadcast", count, dtype, extra.c_str()),
+             return launch(c, async_op, desc_of("broadcast", v, -1, root),
                            [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });
            })
       .def("barrier", [](Communicator& c, bool async_op) {
-        return launch(c, async_op, "barrier()", [&c](Deadline d) { ring_barrier(c, d); });
+        CollectiveDesc d;
+        d.name = "barrier";
+        d.has_data = false;
+        return launch(c, async_op, d, [&c](Deadline dl) { ring_barrier(c, dl); });
       });
 }
 

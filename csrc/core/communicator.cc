@@ -41,36 +41,33 @@ uint8_t* Communicator::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-std::function<void()> Communicator::guarded(const std::string& description,
-                                            std::function<void(Deadline)> fn) {
-  return [this, description, fn = std::move(fn)] {
-    std::string prefix = str_cat(description, " on rank ", rank_, "/", size_, ": ");
-    if (!broken_.empty()) {
-      PYRING_THROW(CommError, prefix,
-                   "communicator is unusable after an earlier failure: ", broken_);
+void Communicator::execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {
+  auto prefix = [&] { return str_cat(desc.str(), " on rank ", rank_, "/", size_, ": "); };
+  if (!broken_.empty()) {
+    PYRING_THROW(CommError, prefix(),
+                 "communicator is unusable after an earlier failure: ", broken_);
+  }
+  ++seq_;
+  try {
+    fn(Deadline::after(options_.timeout_s));
+  } catch (const CommError& e) {
+    broken_ = e.what();
+    for (auto& l : links_) {
+      if (l) l->abort();
     }
-    ++seq_;
-    try {
-      fn(Deadline::after(options_.timeout_s));
-    } catch (const CommError& e) {
-      broken_ = e.what();
-      for (auto& l : links_) {
-        if (l) l->abort();
-      }
-      rethrow_with_prefix(prefix);
-    } catch (...) {
-      rethrow_with_prefix(prefix);
-    }
-  };
+    rethrow_with_prefix(prefix());
+  } catch (...) {
+    rethrow_with_prefix(prefix());
+  }
 }
 
-void Communicator::run_sync(const std::string& description, std::function<void(Deadline)> fn) {
-  engine_.run_sync(description, guarded(description, std::move(fn)));
+void Communicator::run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {
+  engine_.run_sync(desc, [this, &desc, &fn] { execute(desc, fn); });
 }
 
-std::shared_ptr<Work> Communicator::submit(const std::string& description,
+std::shared_ptr<Work> Communicator::submit(const CollectiveDesc& desc,
                                            std::function<void(Deadline)> fn) {
-  return engine_.submit(description, guarded(description, std::move(fn)));
+  return engine_.submit(desc, [this, desc, fn = std::move(fn)] { execute(desc, fn); });
 }
 
 }  // namespace pyring

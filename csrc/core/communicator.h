@@ -40,8 +40,8 @@ class Communicator {
   // Runs `fn(deadline)` as one collective described by `description`, on this thread when
   // nothing else is queued. Errors are rethrown with the description and this rank prefixed;
   // a CommError aborts every link and leaves the communicator unusable.
-  void run_sync(const std::string& description, std::function<void(Deadline)> fn);
-  std::shared_ptr<Work> submit(const std::string& description, std::function<void(Deadline)> fn);
+  void run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
+  std::shared_ptr<Work> submit(const CollectiveDesc& desc, std::function<void(Deadline)> fn);
 
   // Scratch memory for the collective that runs now; valid until the next call.
   uint8_t* scratch(size_t bytes);
@@ -53,7 +53,7 @@ class Communicator {
   uint64_t seq() const { return seq_; }
 
  private:
-  std::function<void()> guarded(const std::string& description, std::function<void(Deadline)> fn);
+  void execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
 
   int rank_;
   int size_;

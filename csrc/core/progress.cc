@@ -18,8 +18,8 @@ ProgressEngine::~ProgressEngine() {
   stop("communicator destroyed");
 }
 
-std::shared_ptr<Work> ProgressEngine::submit(std::string description, std::function<void()> fn) {
-  auto work = std::make_shared<Work>(std::move(description), std::move(fn));
+std::shared_ptr<Work> ProgressEngine::submit(const CollectiveDesc& desc, std::function<void()> fn) {
+  auto work = std::make_shared<Work>(desc, std::move(fn));
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -36,15 +36,15 @@ std::shared_ptr<Work> ProgressEngine::submit(std::string description, std::funct
   return work;
 }
 
-void ProgressEngine::run_sync(std::string description, std::function<void()> fn) {
+void ProgressEngine::run_sync(const CollectiveDesc& desc, const std::function<void()>& fn) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) {
-      PYRING_THROW(CommError, description, ": communicator is closed (", stop_reason_, ")");
+      PYRING_THROW(CommError, desc.str(), ": communicator is closed (", stop_reason_, ")");
     }
     if (!queue_.empty() || busy_) {
       lock.unlock();
-      submit(std::move(description), std::move(fn))->wait(-1);
+      submit(desc, fn)->wait(-1);
       return;
     }
     busy_ = true;

@@ -22,11 +22,11 @@ class ProgressEngine {
   ProgressEngine& operator=(const ProgressEngine&) = delete;
 
   // Queues `fn`; the returned work completes after every earlier submission. Thread-safe.
-  std::shared_ptr<Work> submit(std::string description, std::function<void()> fn);
+  std::shared_ptr<Work> submit(const CollectiveDesc& desc, std::function<void()> fn);
 
   // Runs `fn` to completion in submission order and rethrows its error. When nothing is queued
   // or running it runs on the calling thread, which avoids a cross-thread wake-up.
-  void run_sync(std::string description, std::function<void()> fn);
+  void run_sync(const CollectiveDesc& desc, const std::function<void()>& fn);
 
   // Completes queued work with `error` (a CommError naming why) and joins the thread.
   // Idempotent; the work already running finishes first.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "core/errors.h"
 #include "core/types.h"
 
 namespace pyring {
@@ -10,8 +11,16 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(50);
 }
 
-Work::Work(std::string description, std::function<void()> fn)
-    : description_(std::move(description)), fn_(std::move(fn)) {}
+std::string CollectiveDesc::str() const {
+  if (!has_data) return str_cat(name, "()");
+  std::string s = str_cat(name, "(count=", count, ", dtype=", dtype_name(dtype), ", ",
+                          count * dtype_size(dtype), " bytes");
+  if (op >= 0) s += str_cat(", op=", op_name(static_cast<ReduceOp>(op)));
+  if (root >= 0) s += str_cat(", src=", root);
+  return s + ")";
+}
+
+Work::Work(CollectiveDesc desc, std::function<void()> fn) : desc_(desc), fn_(std::move(fn)) {}
 
 void Work::run() {
   std::exception_ptr err;

@@ -9,16 +9,31 @@
 #include <string>
 #include <vector>
 
+#include "core/types.h"
+
 namespace pyring {
+
+// What a collective is, for messages; formatted only when a message needs it.
+struct CollectiveDesc {
+  const char* name = "";
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  int op = -1;    // a ReduceOp, or -1
+  int root = -1;  // the broadcast source, or -1
+  bool has_data = true;
+
+  // e.g. "all_reduce(count=1024, dtype=float32, 4096 bytes, op=sum)"
+  std::string str() const;
+};
 
 class Work {
  public:
   // Called once, on the thread that completes the work, with the error (null on success).
   using Callback = std::function<void(std::exception_ptr)>;
 
-  Work(std::string description, std::function<void()> fn);
+  Work(CollectiveDesc desc, std::function<void()> fn);
 
-  const std::string& description() const { return description_; }
+  std::string description() const { return desc_.str(); }
   bool is_completed() const { return state_.load(std::memory_order_acquire) >= kDone; }
 
   // Waits until the work completes or `timeout_s` passes (negative: no limit of its own; the
@@ -38,7 +53,7 @@ class Work {
   enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
   void complete(std::exception_ptr error);
 
-  std::string description_;
+  CollectiveDesc desc_;
   std::function<void()> fn_;
   std::atomic<int> state_{kPending};
   std::exception_ptr error_;
