@@ -37,28 +37,25 @@ class View(NamedTuple):
     nbytes: int
 
 
+_SIZES = (4, 8, 2, 2, 1, 1, 4, 8)
+_STRIDED = torch.strided if torch is not None else None
+_Tensor = torch.Tensor if torch is not None else ()
+_new_view = tuple.__new__
+
+
 def view_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
     """Validates ``obj`` as argument ``name`` of ``op`` and returns its view."""
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return _torch_view(obj, op, name)
+    if isinstance(obj, _Tensor):
+        code = _TORCH_CODES.get(obj.dtype)
+        if code is None or obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
+            _reject_torch(obj, op, name, code)
+        n = obj.numel()
+        return _new_view(View, (obj.data_ptr(), n, code, n * _SIZES[code]))
     if isinstance(obj, np.ndarray):
         return _numpy_view(obj, op, name, writable)
     raise TypeError(
         f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
     )
-
-
-_SIZES = (4, 8, 2, 2, 1, 1, 4, 8)
-_STRIDED = torch.strided if torch is not None else None
-_new_view = tuple.__new__
-
-
-def _torch_view(t: Any, op: str, name: str) -> View:
-    code = _TORCH_CODES.get(t.dtype)
-    if code is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
-        _reject_torch(t, op, name, code)
-    n = t.numel()
-    return _new_view(View, (t.data_ptr(), n, code, n * _SIZES[code]))
 
 
 def _reject_torch(t: Any, op: str, name: str, code: int | None) -> None:

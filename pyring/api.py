@@ -10,12 +10,17 @@ from typing import Any
 
 from . import _C, rendezvous
 from .communicator import Communicator
-from .config import resolve
+from .config import ALGOS, resolve
 from .errors import Error
 from .work import Work
 
 log = logging.getLogger("pyring")
 _default: Communicator | None = None
+_ALGO_TEXT = {
+    "auto": f"auto (direct up to {_C.DIRECT_MAX_BYTES} bytes, ring above)",
+    "ring": "ring",
+    "direct": "direct",
+}
 _live: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -66,10 +71,10 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
     listener = _C.TcpListener(host_ip) if world > 1 else None
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
-          "segment_bytes": cfg.segment_bytes,
+          "segment_bytes": cfg.segment_bytes, "algo": cfg.algo,
           "addr": [host_ip, listener.port] if listener else None}
     peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
-    for key in ("transport", "segment_bytes"):
+    for key in ("transport", "segment_bytes", "algo"):
         differ = [r for r, p in enumerate(peers) if p[key] != me[key]]
         if differ:
             raise ValueError(f"init on rank {rank}: {key}={me[key]!r} here but ranks {differ} "
@@ -98,7 +103,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
             segment = rendezvous.create_segment(job_id, local_index, local_world, cfg)
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
-                               local_world, segment, listener, secret, specs)
+                               local_world, segment, listener, secret, ALGOS.index(cfg.algo),
+                               specs)
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
@@ -107,8 +113,9 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
             _C.ShmSegment.unlink(name)
         if listener is not None:
             listener.close()
-    log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs", rank, world,
-             local_index, local_world, transports or "none", cfg.segment_bytes, cfg.timeout_s)
+    log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs, allreduce %s",
+             rank, world, local_index, local_world, transports or "none", cfg.segment_bytes,
+             cfg.timeout_s, _ALGO_TEXT[cfg.algo])
     return Communicator(core, rank=rank, world_size=world, local_rank=local_index,
                         local_world_size=local_world, store=store, transports=transports)
 

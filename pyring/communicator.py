@@ -59,8 +59,10 @@ class Communicator:
                                  f"{src.count}")
             if dst.ptr != src.ptr and overlaps(src, dst):
                 raise ValueError("all_reduce: out partially overlaps tensor")
-        w = self._c.all_reduce(src.ptr, dst.ptr, src.count, src.dtype, code, async_op)
-        return self._launch(out, (tensor, out), async_op, w)
+        w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op)
+        if async_op or self._inflight:
+            return self._launch(out, (tensor, out), async_op, w)
+        return None
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copies ``tensor`` from rank ``src`` to every rank."""

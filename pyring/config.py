@@ -13,7 +13,7 @@ from typing import Any
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SEGMENT_BYTES = 256 * 1024
 TRANSPORTS = ("auto", "shm", "tcp")
-ALGOS = ("auto", "ring")
+ALGOS = ("auto", "ring", "direct")  # codes 0, 1, 2 in the core
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
 
 

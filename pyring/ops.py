@@ -42,8 +42,14 @@ def _torch_op_name(op: Any) -> str | None:
     return None
 
 
+_FAST = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}
+
+
 def op_code(op: Any, what: str = "op") -> int:
     """Returns the core code of ``op`` (a string, a ReduceOp, or torch's ReduceOp)."""
+    code = _FAST.get(op) if op.__class__ is str else None
+    if code is not None:
+        return code
     if isinstance(op, ReduceOp):
         return _OP_CODES[op]
     if isinstance(op, str):

@@ -1,8 +1,9 @@
 """The collective matrix: world {1..5} x transport {shm, tcp} x count x dtype x op x placement.
 
-Each (world, transport) pair runs in one set of processes; inside, a communicator with a tiny
-segment_bytes forces the multi-segment path for the small and odd counts, and one with the
-default segment size carries about a million elements.
+Each (world, transport) pair runs in one set of processes; inside, a ring communicator with a
+tiny segment_bytes forces the multi-segment path for the small and odd counts, and one with the
+defaults (auto: direct for small messages, ring for large) repeats them and carries about a
+million elements.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def matrix_body(rank, world, store, transport):
     import pyring
 
     bad: list[str] = []
-    with pyring.init(rank, world, store, transport=transport, segment_bytes=128,
+    with pyring.init(rank, world, store, transport=transport, segment_bytes=128, algo="ring",
                      set_default=False) as tiny:
         if world > 1:
             assert tiny.transport((rank + 1) % world) == transport
@@ -108,7 +109,8 @@ def matrix_body(rank, world, store, transport):
         if not (a == world).all():
             bad.append(f"numpy all_reduce max: {a}")
     with pyring.init(rank, world, store, transport=transport, set_default=False) as big:
-        _all_reduce_cases(big, rank, world, [LARGE], bad, "seg=default")
+        # auto: the direct algorithm for the small counts, the ring for the large one.
+        _all_reduce_cases(big, rank, world, counts_for(world) + [LARGE], bad, "auto")
     return bad
 
 

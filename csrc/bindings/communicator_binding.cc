@@ -35,7 +35,7 @@ std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeo
                                                 size_t segment_bytes, uint32_t local_index,
                                                 uint32_t local_world,
                                                 std::shared_ptr<ShmSegment> segment,
-                                                TcpListener* listener, py::bytes secret,
+                                                TcpListener* listener, py::bytes secret, int algo,
                                                 const std::vector<PeerTuple>& peer_tuples) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
@@ -68,6 +68,8 @@ std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeo
   Options opts;
   opts.timeout_s = timeout_s;
   opts.segment_bytes = segment_bytes;
+  PYRING_CHECK_ARG(algo >= 0 && algo <= 2, "unknown algorithm code ", algo);
+  opts.algo = static_cast<Algo>(algo);
   return std::make_unique<Communicator>(rank, size, opts, std::move(links.by_rank),
                                         std::move(links.keepalive));
 }
@@ -101,6 +103,7 @@ CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int r
 }  // namespace
 
 void register_communicator(py::module_& m) {
+  m.attr("DIRECT_MAX_BYTES") = kDirectMaxBytes;
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def_property_readonly("description", &Work::description)
       .def("is_completed", &Work::is_completed)
@@ -133,7 +136,8 @@ void register_communicator(py::module_& m) {
   py::class_<Communicator>(m, "Communicator")
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
-           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("peers"))
+           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
+           py::arg("peers"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -158,7 +162,7 @@ void register_communicator(py::module_& m) {
              BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
              ReduceOp rop = op_from_int(op);
              return launch(c, async_op, desc_of("all_reduce", vi, op),
-                           [&c, vi, vo, rop](Deadline d) { ring_allreduce(c, vi, vo, rop, d); });
+                           [&c, vi, vo, rop](Deadline d) { allreduce(c, vi, vo, rop, d); });
            })
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,

@@ -14,6 +14,16 @@ namespace pyring {
 void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline);
 
+// Every rank's input travels the ring, then each rank reduces locally in rank order: half the
+// dependent hops of the ring, for small messages.
+void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+                      Deadline deadline);
+
+// Dispatches on Options::algo: auto picks direct up to kDirectMaxBytes, ring above.
+constexpr size_t kDirectMaxBytes = 16 << 10;
+void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+               Deadline deadline);
+
 // out (count m) = op over ranks of chunk `rank` of in (count size * m). out may be that chunk.
 void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
                          ReduceOp op, Deadline deadline);

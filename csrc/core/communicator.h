@@ -12,7 +12,10 @@ namespace pyring {
 
 class Link;
 
+enum class Algo : int { kAuto = 0, kRing = 1, kDirect = 2 };
+
 struct Options {
+  Algo algo = Algo::kAuto;
   double timeout_s = 300.0;          // deadline of every collective, counted from its start
   size_t segment_bytes = 256 << 10;  // pipelining unit; shm slot and tcp staging size
 };

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_link.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,19 +39,33 @@ void TcpLink::fail(const char* what, int err) {
 bool TcpLink::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
-    Send& s = sends_.front();
-    // MSG_MORE lets a header and the data behind it share a TCP segment.
-    int more = sends_.size() > 1 ? MSG_MORE : 0;
-    ssize_t n = ::send(fd_, s.data + s.done, s.bytes - s.done, MSG_NOSIGNAL | MSG_DONTWAIT | more);
+    // One sendmsg carries up to kMaxIov queued messages (a header and the data behind it).
+    constexpr size_t kMaxIov = 16;
+    iovec iov[kMaxIov];
+    size_t n_iov = 0;
+    for (auto it = sends_.begin(); it != sends_.end() && n_iov < kMaxIov; ++it, ++n_iov) {
+      iov[n_iov].iov_base = const_cast<uint8_t*>(it->data + it->done);
+      iov[n_iov].iov_len = it->bytes - it->done;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n_iov;
+    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
       fail("send", errno);
     }
-    s.done += static_cast<size_t>(n);
     bytes_sent_ += static_cast<size_t>(n);
     moved = true;
-    if (s.done == s.bytes) sends_.pop_front();
+    size_t left = static_cast<size_t>(n);
+    while (left > 0) {
+      Send& s = sends_.front();
+      size_t take = std::min(left, s.bytes - s.done);
+      s.done += take;
+      left -= take;
+      if (s.done == s.bytes) sends_.pop_front();
+    }
   }
   return moved;
 }
