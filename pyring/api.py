@@ -63,7 +63,7 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
 
 def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     rank, world = meeting.rank, meeting.world_size
-    store = rendezvous.prefixed(meeting.store)
+    store = rendezvous.prefixed(meeting.store, rank)
     if rank == 0:
         store.set("job", os.urandom(40))
     job = store.get("job") if world > 1 else os.urandom(40)

@@ -1,15 +1,13 @@
 """Meeting the peers through a torch.distributed Store.
 
 Python does the exchange; the core gets each peer's details and builds the links. Keys live
-under ``pyring/<n>/`` where ``n`` counts this process's rendezvous, which every rank performs
-in the same order.
+under ``pyring/<n>/`` where ``n`` counts the rendezvous of each rank on that store.
 """
 
 from __future__ import annotations
 
 import datetime
 import fcntl
-import itertools
 import json
 import os
 import socket
@@ -20,7 +18,6 @@ from typing import Any
 from . import _C
 from .config import Config
 
-_generation = itertools.count()
 _NSLOTS = 8
 
 
@@ -124,7 +121,8 @@ def _route_address(target: str) -> str:
 def listen_address(cfg: Config, store: Any) -> str:
     if cfg.socket_ifname:
         return _interface_address(cfg.socket_ifname)
-    target = os.environ.get("MASTER_ADDR") or getattr(store, "host", None)
+    base = getattr(store, "_underlying_non_prefix_store", store)
+    target = os.environ.get("MASTER_ADDR") or getattr(base, "host", None)
     return _route_address(target) if target else "127.0.0.1"
 
 
@@ -160,10 +158,14 @@ def exchange(store: Any, rank: int, world: int, info: dict, timeout_s: float) ->
     return [json.loads(store.get(k)) for k in keys]
 
 
-def prefixed(store: Any) -> Any:
+def prefixed(store: Any, rank: int) -> Any:
+    """A fresh key space on ``store``: the n-th rendezvous of this rank on this store gets
+    ``pyring/<n>/``, the same n on every rank that meets there (a subgroup's members may have
+    met elsewhere different numbers of times)."""
     import torch.distributed as dist
 
-    return dist.PrefixStore(f"pyring/{next(_generation)}", store)
+    n = store.add(f"pyring/inits/{rank}", 1)
+    return dist.PrefixStore(f"pyring/{n}", store)
 
 
 def shm_name(job: str, local_index: int) -> str:
