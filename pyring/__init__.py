@@ -36,3 +36,12 @@ __all__ = [
     "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
     "cuda_device_count",
 ]
+from . import backend as _backend  # registers the "pyring" torch.distributed backend  # noqa: E402, F401
+
+__all__ += ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "hooks"]
+from . import hooks  # noqa: E402
+from .optim import (  # noqa: E402
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)

@@ -1,0 +1,275 @@
+"""The ``pyring`` torch.distributed backend, registered by ``import pyring``.
+
+``torch.distributed.init_process_group("pyring", ...)`` (under torchrun, or with ``store``,
+``rank`` and ``world_size``) then gives a process group whose collectives run on a pyring
+Communicator: the usual ``torch.distributed`` calls, DDP, ``new_group`` subgroups (one
+Communicator each) and the functional collectives.
+
+Contracts:
+- Tensors are CPU, dense and contiguous; each call carries one tensor (c10d's lists must hold
+  exactly one), except the output list of ``all_gather`` and the input list of
+  ``reduce_scatter``, which hold one tensor per rank.
+- Ops: SUM, AVG, MAX, MIN, PRODUCT. Anything else, and collectives pyring lacks (send, recv,
+  reduce, gather, scatter, all-to-all), raise before any byte is sent.
+- Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
+  collectives, ``async_op=True``) return at once, and the future (value: the list of output
+  tensors) completes on pyring's progress thread once the outputs hold the result. torch's
+  synchronous Python calls (``asyncOp`` False) run to completion before returning.
+- Deadline: ``init_process_group(timeout=...)`` when given, else ``PYRING_TIMEOUT`` (300 s).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from .api import init
+from .work import Work
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    _ProcessGroup, _Work = dist.ProcessGroup, dist.Work
+except (ImportError, AttributeError):  # no torch, or a torch built without distributed
+    dist = None
+    _ProcessGroup = _Work = object
+
+BACKEND_NAME = "pyring"
+
+
+def _seconds(timeout: Any) -> float | None:
+    """Seconds of a c10d timeout; None for "none set" (None, zero or negative)."""
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    return float(timeout) if timeout is not None and timeout > 0 else None
+
+
+class PyringWork(_Work):
+    """c10d's Work over one :class:`pyring.Work` (None: the collective already ran).
+
+    ``wait(timeout)`` raises the collective's error (pyring.CommError) or pyring.CommTimeout.
+    ``get_future()`` completes with the list of output tensors, on pyring's progress thread;
+    it is made on first request, except where outputs need a copy-out (``finish``), which runs
+    in the future's callback before the future completes.
+    """
+
+    def __init__(self, work: Work | None, outputs: list, finish: Any = None,
+                 timeout_s: float | None = None) -> None:
+        super().__init__()
+        self._work = work
+        self._outputs = outputs
+        self._finish = finish
+        self._timeout_s = timeout_s
+        self._future = self._chain() if work is not None and finish is not None else None
+
+    def _chain(self) -> Any:
+        outputs, finish = self._outputs, self._finish
+
+        def done(fut: Any) -> list:
+            fut.value()  # re-raises the collective's error into the returned future
+            if finish is not None:
+                finish()
+            return outputs
+
+        return self._work.get_future().then(done)
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._work is not None:
+            self._work.wait(_seconds(timeout) or self._timeout_s)
+            if self._finish is not None:
+                self._future.wait()  # the copy-out has run
+        return True
+
+    def is_completed(self) -> bool:
+        if self._work is None:
+            return True
+        if self._finish is not None:
+            return self._future.done()
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The collective's error once it has failed; None while running or on success."""
+        if not self.is_completed():
+            return None
+        try:
+            self.get_future().value()
+        except Exception as e:  # the future re-raises the collective's error
+            return e
+        return None
+
+    def result(self) -> list:
+        self.wait()
+        return self._outputs
+
+    def get_future(self) -> Any:
+        if self._future is None:
+            if self._work is None:
+                self._future = torch.futures.Future()
+                self._future.set_result(self._outputs)
+            else:
+                self._future = self._chain()
+        return self._future
+
+    def __repr__(self) -> str:
+        return f"<pyring.backend.PyringWork {self._work or 'completed'}>"
+
+
+def _one(tensors: Any, what: str) -> Any:
+    """The single tensor of a c10d tensor list (a bare tensor is accepted too)."""
+    if dist is not None and isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) != 1:
+        raise ValueError(f"pyring backend: {what} got {len(tensors)} tensors in one call; "
+                         "pyring takes one tensor per call (flatten them into one first)")
+    return tensors[0]
+
+
+def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
+    if len(pieces) != world:
+        raise ValueError(f"pyring backend: {what} needs {world} tensors (one per rank), "
+                         f"got {len(pieces)}")
+    for r, p in enumerate(pieces):
+        if p.dtype != single.dtype or p.numel() != single.numel():
+            raise ValueError(f"pyring backend: {what} tensor {r} is {p.dtype} with {p.numel()} "
+                             f"elements, expected {single.dtype} with {single.numel()}")
+
+
+class ProcessGroupPyring(_ProcessGroup):
+    """A torch.distributed ProcessGroup backed by one pyring Communicator (``.comm``)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: Any = None) -> None:
+        super().__init__(rank, size)
+        self._group_name = self._group_desc = ""
+        if timeout == default_pg_timeout:
+            timeout = None  # torch's default, not the user's: PYRING_TIMEOUT applies
+        self.comm = init(rank, size, store, timeout, set_default=False)
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    # c10d keeps group names on its C++ backends; a Python group keeps its own.
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @staticmethod
+    def _run(launch: Any, outputs: list, opts: Any, finish: Any = None) -> PyringWork:
+        """Runs ``launch(async_op)``. ``asyncOp=False`` (torch's synchronous Python calls, which
+        wait at once) runs it to completion here; otherwise it is queued and this returns."""
+        if opts is not None and not getattr(opts, "asyncOp", True):  # torch >= 2.7
+            launch(False)
+            if finish is not None:
+                finish()
+            return PyringWork(None, outputs)
+        timeout_s = _seconds(opts.timeout) if opts is not None else None
+        return PyringWork(launch(True), outputs, finish, timeout_s)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(tensors, "allreduce")
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._run(lambda a: self.comm.all_reduce(t, op, async_op=a), [t], opts)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> PyringWork:
+        return self.allreduce(_one(tensors, "allreduce_coalesced"), opts)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(tensors, "broadcast")
+        src = opts.rootRank if opts is not None else 0
+        return self._run(lambda a: self.comm.broadcast(t, src, async_op=a), [t], opts)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(input_tensors, "allgather")
+        outs = _one(output_tensors, "allgather")
+        world, n = self.comm.world_size, t.numel()
+        _check_pieces(outs, t, world, "allgather output list")
+        flat = torch.empty(world * n, dtype=t.dtype)
+
+        def copy_out() -> None:
+            for out, piece in zip(outs, flat.view(world, n)):
+                out.copy_(piece.view(out.shape))
+
+        return self._run(lambda a: self.comm.all_gather_into_tensor(flat, t, async_op=a),
+                         list(outs), opts, copy_out)
+
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> PyringWork:
+        return self._run(lambda a: self.comm.all_gather_into_tensor(output, input, async_op=a),
+                         [output], opts)
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any,
+                                    opts: Any = None) -> PyringWork:
+        return self.all_gather_single(_one(outputs, "all_gather_single_coalesced"),
+                                      _one(inputs, "all_gather_single_coalesced"), opts)
+
+    # The names before torch 2.13.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
+                       opts: Any = None) -> PyringWork:
+        out = _one(output_tensors, "reduce_scatter")
+        pieces = _one(input_tensors, "reduce_scatter")
+        _check_pieces(pieces, out, self.comm.world_size, "reduce_scatter input list")
+        flat = torch.cat([p.reshape(-1) for p in pieces])
+        return self.reduce_scatter_single(out, flat, opts)
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> PyringWork:
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._run(lambda a: self.comm.reduce_scatter_tensor(output, input, op, async_op=a),
+                         [output], opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> PyringWork:
+        return self.reduce_scatter_single(_one(outputs, "reduce_scatter_single_coalesced"),
+                                          _one(inputs, "reduce_scatter_single_coalesced"), opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def barrier(self, opts: Any = None) -> PyringWork:
+        return self._run(lambda a: self.comm.barrier(async_op=a), [], opts)
+
+    def shutdown(self) -> None:
+        """Closes the Communicator; queued work fails with pyring.CommError."""
+        self.comm.close()
+
+    abort = shutdown
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupPyring rank {self.comm.rank} of {self.comm.world_size}>"
+
+
+def _unsupported(name: str) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            f"pyring backend: {name} is not supported (supported: all_reduce, broadcast, "
+            "all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier)"
+        )
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("send", "recv", "recv_anysource", "reduce", "gather", "scatter", "alltoall",
+              "alltoall_base", "all_to_all_single", "allgather_coalesced"):
+    setattr(ProcessGroupPyring, _name, _unsupported(_name))
+
+
+def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyring:
+    return ProcessGroupPyring(store, rank, size, timeout)
+
+
+if dist is not None and BACKEND_NAME not in dist.Backend.backend_list:
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])

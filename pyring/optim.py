@@ -1,0 +1,376 @@
+"""Gradient averaging for any torch optimizer, and starting every rank from one rank's state.
+
+    opt = pyring.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters())
+    pyring.broadcast_parameters(model, src=0)
+    pyring.broadcast_optimizer_state(opt, src=0)
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()     # full buckets are averaged while backward runs
+        opt.step()                          # waits for what is still in flight, then steps
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ._agree import check_same_on_all_ranks, describe
+from .api import default
+from .errors import Error
+
+_FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
+
+
+class _Bucket:
+    """Gradients of one dtype, flattened: the parameters' slots, then one flag per parameter
+    (1 where the rank has a gradient for it, else 0)."""
+
+    __slots__ = ("index", "members", "offsets", "numel", "buf", "missing")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.members: list[int] = []  # indices into _GradSync.params
+        self.offsets: list[int] = []
+        self.numel = 0
+        self.buf: Any = None
+        self.missing = 0  # members not yet copied into buf in this window
+
+
+class _GradSync:
+    """The state DistributedOptimizer attaches to an optimizer. A *window* is everything
+    accumulated into the gradients since the last exchange."""
+
+    def __init__(self, comm: Any, params: list[Any], names: list[str], bucket_bytes: int,
+                 passes: int) -> None:
+        import torch
+
+        self.comm, self.params, self.names, self.passes = comm, params, names, passes
+        self.buckets: list[_Bucket] = []
+        self.where: list[tuple[_Bucket, int]] = []  # per parameter: (bucket, position)
+        open_: dict[Any, _Bucket] = {}
+        for i, p in enumerate(params):
+            key = (p.dtype, p.device)
+            b = open_.get(key)
+            nbytes = p.numel() * p.element_size()
+            if b is None or (b.members and (b.numel * p.element_size() + nbytes) > bucket_bytes):
+                b = open_[key] = _Bucket(len(self.buckets))
+                self.buckets.append(b)
+            self.where.append((b, len(b.members)))
+            b.members.append(i)
+            b.offsets.append(b.numel)
+            b.numel += p.numel()
+        for b in self.buckets:
+            p0 = params[b.members[0]]
+            b.buf = torch.zeros(b.numel + len(b.members), dtype=p0.dtype, device=p0.device)
+            b.missing = len(b.members)
+        self.counts = [0] * len(params)  # backward passes seen per parameter in this window
+        self.next = 0  # buckets launch strictly in index order: this one is next
+        self.inflight: list[tuple[Any, Any]] = []  # (pyring.Work, copy-back future)
+        # Both flags change only at points every rank reaches alike. fresh: the gradients hold
+        # the last exchange's result (or were zeroed since). dirty: a gradient was accumulated
+        # since the last exchange or zero_grad(). Whatever .grad holds when the optimizer is
+        # wrapped counts as neither: step() averages it, zero_grad() discards it unexchanged.
+        self.fresh = False
+        self.dirty = False
+        self.no_sync_depth = 0
+        self.skip_depth = 0
+
+    def on_grad(self, i: int) -> None:
+        self.fresh, self.dirty = False, True
+        if self.no_sync_depth:
+            return
+        c = self.counts[i] = self.counts[i] + 1
+        if c > self.passes:
+            raise Error(
+                f"DistributedOptimizer: parameter {self.names[i]!r} received {c} gradients "
+                f"but backward_passes_per_step={self.passes}; call step(), synchronize() or "
+                f"the optimizer's zero_grad() between windows, or use no_sync()")
+        if c == self.passes:
+            b, j = self.where[i]
+            self.fill(b, j)
+            if b.missing == 0:
+                while self.next < len(self.buckets) and self.buckets[self.next].missing == 0:
+                    self.launch(self.buckets[self.next])
+
+    def fill(self, b: _Bucket, j: int) -> None:
+        i = b.members[j]
+        p, g = self.params[i], self.params[i].grad
+        n, off = p.numel(), b.offsets[j]
+        if g is None:
+            b.buf[off:off + n].zero_()
+        elif g.layout != p.layout:
+            raise Error(f"DistributedOptimizer: parameter {self.names[i]!r} has a {g.layout} "
+                        f"gradient; pyring averages dense gradients only (for nn.Embedding, "
+                        f"use sparse=False)")
+        else:
+            b.buf[off:off + n].view(p.shape).copy_(g)
+        b.buf[b.numel + j] = 0 if g is None else 1
+        b.missing -= 1
+
+    def launch(self, b: _Bucket) -> None:
+        work = self.comm.all_reduce(b.buf, op="avg", async_op=True)
+        fut = work.get_future().then(functools.partial(self.unpack, b))
+        self.inflight.append((work, fut))
+        self.next += 1
+
+    def unpack(self, b: _Bucket, fut: Any) -> None:
+        # Runs on pyring's progress thread once the bucket is averaged.
+        buf = fut.value()
+        used = buf[b.numel:].tolist()
+        for j, i in enumerate(b.members):
+            if used[j] == 0:  # no rank had a gradient: leave .grad as it is
+                continue
+            p, off = self.params[i], b.offsets[j]
+            avg = buf[off:off + p.numel()].view(p.shape)
+            if p.grad is None:
+                p.grad = avg.clone()
+            else:
+                p.grad.copy_(avg)
+
+    def synchronize(self) -> None:
+        """Exchanges the window (every bucket not yet launched, in order) and waits."""
+        if self.fresh:
+            return
+        try:
+            for b in self.buckets[self.next:]:
+                for j, i in enumerate(b.members):
+                    if self.counts[i] < self.passes:
+                        self.fill(b, j)
+                self.launch(b)
+            for work, fut in self.inflight:
+                work.wait()  # raises pyring's own error types
+                fut.wait()
+        finally:
+            self.reset()
+        self.fresh, self.dirty = True, False
+
+    def reset(self) -> None:
+        self.inflight.clear()
+        self.next = 0
+        self.counts = [0] * len(self.params)
+        for b in self.buckets:
+            b.missing = len(b.members)
+
+    def before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+        if self.skip_depth:
+            if not self.fresh:
+                raise Error("DistributedOptimizer: step() inside skip_synchronize() with "
+                            "gradients not yet averaged; call synchronize() first")
+            return
+        self.synchronize()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self.no_sync_depth -= 1
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        self.skip_depth += 1
+        try:
+            yield
+        finally:
+            self.skip_depth -= 1
+
+
+def _hook(ref: Any, i: int, _param: Any) -> None:
+    sync = ref()
+    if sync is not None:
+        sync.on_grad(i)
+
+
+def _step_hook(ref: Any, opt: Any, args: Any, kwargs: Any) -> None:
+    sync = ref()
+    if sync is not None:
+        sync.before_step(opt, args, kwargs)
+
+
+def _zero_grad(opt_ref: Any, set_to_none: bool = True) -> None:
+    opt = opt_ref()
+    sync = opt._pyring_sync
+    if sync.dirty:
+        sync.synchronize()  # every rank must launch the same buckets, even when discarding them
+    type(opt).zero_grad(opt, set_to_none=set_to_none)
+    sync.fresh, sync.dirty = True, False
+
+
+def _remove(handles: list[Any]) -> None:
+    for h in handles:
+        h.remove()
+
+
+def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any = None,
+                         bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1) -> Any:
+    """Makes ``optimizer`` average its gradients across ranks, and returns it (the same object,
+    still an instance of its class, so LR schedulers and ``state_dict`` work as before).
+
+    ``named_parameters`` (e.g. ``model.named_parameters()``) names the parameters in errors and
+    fixes their order; without it they are named ``param_groups[g][i]``. ``comm`` defaults to
+    ``pyring.default()``. Every rank must construct it at the same point, with the same
+    parameters (names, shapes, dtypes), ``bucket_bytes`` and ``backward_passes_per_step``; a
+    difference raises pyring.Error naming the parameter, on every rank, here.
+
+    Buckets: the trainable parameters of the optimizer, in reverse registration order, fill
+    buckets of one dtype each, closed when the next parameter would take one past
+    ``bucket_bytes``. When a parameter's gradient has been accumulated
+    ``backward_passes_per_step`` times, it is copied into its bucket; a full bucket is averaged
+    asynchronously (op "avg") as soon as every bucket before it has been launched, and copied
+    back into ``.grad`` from pyring's progress thread.
+
+    Added methods:
+      - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``
+        holds the averages. A no-op when no gradient was accumulated since the last exchange.
+      - ``step()`` calls ``synchronize()`` first, so after ``synchronize()`` (e.g. to clip) it
+        does not exchange again. Inside ``with opt.skip_synchronize():`` it never exchanges
+        (Horovod's spelling), and raises pyring.Error if the gradients are not yet averaged.
+      - ``with opt.no_sync():`` backward passes inside only accumulate locally; their gradients
+        are averaged with the next window.
+      - ``zero_grad(set_to_none=True)``: when the window holds gradients not yet exchanged, it
+        exchanges them first (so every rank launches the same buckets), then zeroes.
+
+    Parameters without a gradient: at exchange time a rank contributes ``.grad``, or zeros where
+    ``.grad`` is None, plus a flag per parameter. Where some rank had a gradient, every rank's
+    ``.grad`` becomes the average over all ranks (missing ones counting as zero), as for one
+    process on the concatenated batch; where no rank had one, ``.grad`` is left untouched (None
+    stays None, so the optimizer skips the parameter as it would without pyring). A bucket with
+    such a parameter (or with a parameter accumulated fewer than ``backward_passes_per_step``
+    times) is launched at ``synchronize()``, with every bucket after it.
+
+    Contracts: every rank runs the same number of backward passes and calls ``step``,
+    ``synchronize`` and ``zero_grad`` at the same points; other collectives on ``comm`` between
+    the first backward of a window and its exchange must also be issued in the same order on
+    every rank (or use a separate communicator). Use the optimizer's ``zero_grad()`` rather than
+    ``model.zero_grad()`` to discard a window. Sparse gradients raise pyring.Error. Parameter
+    groups added after this call are not averaged. Hooks are removed when the optimizer is freed.
+    """
+    if getattr(optimizer, "_pyring_sync", None) is not None:
+        raise ValueError("DistributedOptimizer: this optimizer is already distributed")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"DistributedOptimizer: backward_passes_per_step must be an int >= 1, "
+                         f"got {backward_passes_per_step!r}")
+    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"DistributedOptimizer: bucket_bytes must be a positive int, "
+                         f"got {bucket_bytes!r}")
+    comm = comm if comm is not None else default()
+    in_opt = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if named_parameters is None:
+        named = [(f"param_groups[{gi}][{pi}]", p) for gi, g in enumerate(optimizer.param_groups)
+                 for pi, p in enumerate(g["params"])]
+    else:
+        named = list(named_parameters)
+    name_of: dict[int, str] = {}
+    order: list[Any] = []
+    for name, p in named:
+        if id(p) not in name_of:
+            name_of[id(p)] = name
+            order.append(p)
+    wanted = {id(p) for p in in_opt}
+    unnamed = [p for p in in_opt if id(p) not in name_of]
+    if unnamed:
+        raise ValueError(f"DistributedOptimizer: {len(unnamed)} of the optimizer's parameters "
+                         f"(shapes {[tuple(p.shape) for p in unnamed[:3]]}) are not in "
+                         f"named_parameters")
+    params = [p for p in reversed(order) if id(p) in wanted]
+    names = [name_of[id(p)] for p in params]
+    for n, p in zip(names, params):
+        if str(p.dtype) not in _FLOATS:
+            raise ValueError(f"DistributedOptimizer: parameter {n!r} is {p.dtype}; pyring "
+                             f"averages {', '.join(d[6:] for d in _FLOATS)} gradients")
+    # Registration order, so that an error names the first parameter that differs.
+    entries = [(f"parameter {n!r}", describe(p)) for n, p in zip(names[::-1], params[::-1])]
+    entries += [("bucket_bytes", str(bucket_bytes)),
+                ("backward_passes_per_step", str(backward_passes_per_step))]
+    check_same_on_all_ranks(comm, "DistributedOptimizer", entries)
+
+    sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step)
+    ref = weakref.ref(sync)
+    handles = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
+               for i, p in enumerate(params)]
+    handles.append(optimizer.register_step_pre_hook(functools.partial(_step_hook, ref)))
+    optimizer._pyring_sync = sync
+    optimizer.synchronize = sync.synchronize
+    optimizer.no_sync = sync.no_sync
+    optimizer.skip_synchronize = sync.skip_synchronize
+    optimizer.zero_grad = functools.partial(_zero_grad, weakref.ref(optimizer))
+    weakref.finalize(optimizer, _remove, handles)
+    return optimizer
+
+
+def _tensors(obj: Any) -> list[tuple[str, Any]]:
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.state_dict().items())
+    if isinstance(obj, Mapping):
+        return list(obj.items())
+    out = []
+    for i, item in enumerate(obj):
+        out.append((str(i), item) if isinstance(item, torch.Tensor) else tuple(item))
+    return out
+
+
+def broadcast_parameters(params: Any, src: int = 0, comm: Any = None) -> None:
+    """Copies rank ``src``'s tensors into every rank's, in place. ``params`` is a module (its
+    ``state_dict()``: parameters and buffers), a state dict, an iterable of (name, tensor)
+    pairs such as ``model.named_parameters()``, or of tensors. Every rank must pass the same
+    names, shapes and dtypes (else pyring.Error naming the first difference, on every rank).
+    One broadcast of all the bytes; any dtype."""
+    import torch
+
+    comm = comm if comm is not None else default()
+    items = _tensors(params)
+    for name, t in items:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            raise TypeError(f"broadcast_parameters: {name!r} is not a dense tensor")
+    check_same_on_all_ranks(comm, "broadcast_parameters",
+                            [(repr(n), describe(t)) for n, t in items])
+    if comm.world_size == 1 or not items:
+        return
+    offsets, total = [], 0
+    for _, t in items:
+        offsets.append(total)
+        total += -(-t.numel() * t.element_size() // 16) * 16  # 16-byte aligned views
+    flat = torch.zeros(total, dtype=torch.uint8)
+    with torch.no_grad():
+        if comm.rank == src:
+            for (_, t), off in zip(items, offsets):
+                nb = t.numel() * t.element_size()
+                flat[off:off + nb].copy_(t.detach().reshape(-1).view(torch.uint8))
+        comm.broadcast(flat, src=src)
+        if comm.rank != src:
+            for (_, t), off in zip(items, offsets):
+                nb = t.numel() * t.element_size()
+                t.copy_(flat[off:off + nb].view(t.dtype).view(t.shape))
+
+
+def broadcast_optimizer_state(optimizer: Any, src: int = 0, comm: Any = None) -> None:
+    """Loads rank ``src``'s ``optimizer.state_dict()`` (state and hyper-parameters) on every
+    rank, including ranks whose state is still empty (or where ``src``'s is): the state dict
+    travels as ``torch.save`` bytes after a broadcast of its length, and is read back with
+    ``torch.load(weights_only=True)``."""
+    import torch
+
+    comm = comm if comm is not None else default()
+    if comm.world_size == 1:
+        return
+    data = b""
+    if comm.rank == src:
+        out = io.BytesIO()
+        torch.save(optimizer.state_dict(), out)
+        data = out.getvalue()
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    comm.broadcast(length, src=src)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if comm.rank == src
+           else torch.empty(int(length), dtype=torch.uint8))
+    comm.broadcast(buf, src=src)
+    if comm.rank != src:
+        state = torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=True)
+        optimizer.load_state_dict(state)

@@ -1,0 +1,70 @@
+"""pyring.hooks.allreduce_hook under DistributedDataParallel on a gloo process group: the same
+training with the hook and without it (gloo's own allreduce) ends with the same parameters,
+bit-identical across ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from multiproc import run_ranks
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pyring
+
+STEPS = 3
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 2))
+
+
+def train(ddp: DDP, rank: int) -> list:
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 2, generator=g)
+        opt.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in ddp.parameters()]
+
+
+def _ddp(rank, world, store):
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    # bucket_cap_mb small enough that the model spans several buckets.
+    kw = {"bucket_cap_mb": 0.001}
+    gloo = train(DDP(make_model(), **kw), rank)
+    assert not pyring.is_initialized()
+    ddp = DDP(make_model(), **kw)
+    ddp.register_comm_hook(None, pyring.hooks.allreduce_hook)
+    by_default = train(ddp, rank)
+    assert pyring.is_initialized()  # created from the process group's store by the hook
+    comm = pyring.init(set_default=False)
+    ddp = DDP(make_model(), **kw)
+    ddp.register_comm_hook(comm, pyring.hooks.allreduce_hook)
+    by_comm = train(ddp, rank)
+    comm.close()
+    pyring.destroy()
+    dist.destroy_process_group()
+    return gloo, by_default, by_comm
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_hook_matches_gloo(world):
+    results = run_ranks(world, _ddp)
+    gloo0, pyring0, _ = results[0]
+    for gloo, by_default, by_comm in results:
+        for g, a, b, g0, a0 in zip(gloo, by_default, by_comm, gloo0, pyring0):
+            assert (g == g0).all() and (a == a0).all()  # bit-identical across ranks
+            assert (a == b).all()  # the same communicator path either way
+            scale = abs(g).max()
+            assert abs(a - g).max() <= 1e-6 * scale, abs(a - g).max()
+
+
+def test_bad_state():
+    with pytest.raises(TypeError, match="state must be None or a pyring.Communicator"):
+        pyring.hooks.allreduce_hook(object(), None)
