@@ -104,7 +104,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
-                               specs)
+                               _spin_us(local_world), specs)
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
@@ -118,6 +118,15 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
              cfg.timeout_s, _ALGO_TEXT[cfg.algo])
     return Communicator(core, rank=rank, world_size=world, local_rank=local_index,
                         local_world_size=local_world, store=store, transports=transports)
+
+
+def _spin_us(local_world: int) -> int:
+    """How long a waiting rank polls before it sleeps: long while every local rank has a core
+    of its own (a sleep and wake-up costs tens of microseconds), short when ranks share cores
+    (a polling rank would take the core from the rank it waits for)."""
+    if os.environ.get("PYRING_SPIN_US"):
+        return int(os.environ["PYRING_SPIN_US"])
+    return 1000 if local_world <= len(os.sched_getaffinity(0)) else 20
 
 
 def default() -> Communicator:

@@ -31,12 +31,10 @@ BufferView view(uintptr_t ptr, size_t count, int dtype) {
   return BufferView{reinterpret_cast<void*>(ptr), count, dtype_from_int(dtype)};
 }
 
-std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeout_s,
-                                                size_t segment_bytes, uint32_t local_index,
-                                                uint32_t local_world,
-                                                std::shared_ptr<ShmSegment> segment,
-                                                TcpListener* listener, py::bytes secret, int algo,
-                                                const std::vector<PeerTuple>& peer_tuples) {
+std::unique_ptr<Communicator> make_communicator(
+    int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
+    uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
+    py::bytes secret, int algo, int spin_us, const std::vector<PeerTuple>& peer_tuples) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -70,6 +68,8 @@ std::unique_ptr<Communicator> make_communicator(int rank, int size, double timeo
   opts.segment_bytes = segment_bytes;
   PYRING_CHECK_ARG(algo >= 0 && algo <= 2, "unknown algorithm code ", algo);
   opts.algo = static_cast<Algo>(algo);
+  PYRING_CHECK_ARG(spin_us >= 0, "spin_us must be >= 0, got ", spin_us);
+  opts.spin_us = spin_us;
   return std::make_unique<Communicator>(rank, size, opts, std::move(links.by_rank),
                                         std::move(links.keepalive));
 }
@@ -137,7 +137,7 @@ void register_communicator(py::module_& m) {
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
            py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
-           py::arg("peers"))
+           py::arg("spin_us"), py::arg("peers"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)

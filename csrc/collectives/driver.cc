@@ -10,11 +10,11 @@
 namespace pyring {
 
 namespace {
-constexpr auto kSpin = std::chrono::microseconds(60);
 constexpr int kMaxSleepMs = 50;  // how often a blocked rank re-checks its peers
 }  // namespace
 
-void drive(std::initializer_list<Link*> list, Deadline deadline) {
+void drive(std::initializer_list<Link*> list, Deadline deadline, int spin_us) {
+  const auto spin = std::chrono::microseconds(spin_us);
   Link* links[4];
   size_t n = 0;
   for (Link* l : list) {
@@ -42,7 +42,7 @@ void drive(std::initializer_list<Link*> list, Deadline deadline) {
     }
     auto now = Clock::now();
     if (polls == 64) idle_since = now;
-    if (now - idle_since < kSpin) {
+    if (now - idle_since < spin) {
       if ((polls & 255) == 0) sched_yield();
       cpu_relax();
       continue;

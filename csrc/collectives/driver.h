@@ -8,10 +8,11 @@
 
 namespace pyring {
 
-// Calls progress() on `links` (duplicates allowed) until all are idle. Spins briefly, then
-// blocks; each time it wakes it checks the peers. Throws CommError when a peer dies or gives
-// up, TimeoutError at `deadline` naming what was still pending.
-void drive(std::initializer_list<Link*> links, Deadline deadline);
+// Calls progress() on `links` (duplicates allowed) until all are idle. Polls for `spin_us`
+// microseconds without progress, then blocks; each time it wakes it checks the peers. Throws
+// CommError when a peer dies or gives up, TimeoutError at `deadline` naming what was still
+// pending.
+void drive(std::initializer_list<Link*> links, Deadline deadline, int spin_us);
 
 // Splits `count` elements into `parts` chunks whose sizes differ by at most one element.
 struct Chunks {

@@ -18,6 +18,7 @@ struct Options {
   Algo algo = Algo::kAuto;
   double timeout_s = 300.0;          // deadline of every collective, counted from its start
   size_t segment_bytes = 256 << 10;  // pipelining unit; shm slot and tcp staging size
+  int spin_us = 50;                  // how long a waiting rank polls before it sleeps
 };
 
 class Communicator {
