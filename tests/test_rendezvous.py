@@ -62,7 +62,8 @@ def _transport_env(rank, world, store):
 
 
 def test_pyring_transport_env_forces_tcp():
-    res = run_ranks(3, _transport_env, env={"PYRING_TRANSPORT": "tcp"}, timeout=120)
+    env = {"PYRING_TRANSPORT": "tcp", "PYRING_SOCKET_IFNAME": "lo"}
+    res = run_ranks(3, _transport_env, env=env, timeout=120)
     for _rank, (kinds, value) in enumerate(res):
         assert value == 3.0
         assert set(kinds.values()) == {"tcp"}, kinds
@@ -104,3 +105,17 @@ def test_cuda_query_works_without_gpu():
         assert "sm_" in pyring._C.cuda_device_name(0)
     with pytest.raises(ValueError, match="out of range"):
         pyring._C.cuda_device_name(n)
+
+
+def _bad_ifname(rank, world, store):
+    try:
+        pyring.init(rank, world, store, set_default=False, timeout=10)
+        return "no error"
+    except ValueError as e:
+        return str(e)
+
+
+def test_unknown_socket_interface_is_named():
+    res = run_ranks(2, _bad_ifname, env={"PYRING_SOCKET_IFNAME": "nosuch0"}, timeout=60)
+    assert all("PYRING_SOCKET_IFNAME='nosuch0' is not an interface here" in r and "lo" in r
+               for r in res), res
