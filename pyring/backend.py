@@ -97,7 +97,7 @@ class PyringWork(_Work):
         if not self.is_completed():
             return None
         try:
-            self.get_future().value()
+            self.get_future().wait()  # set by the progress thread just after completion
         except Exception as e:  # the future re-raises the collective's error
             return e
         return None

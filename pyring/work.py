@@ -22,10 +22,14 @@ class Work:
         self._future = None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Blocks until done and returns True; raises the collective's error, or CommTimeout
-        when ``timeout`` seconds pass first (the collective itself keeps running)."""
+        """Blocks until done (and the future, if one was made, is set) and returns True; raises
+        the collective's error, or CommTimeout when ``timeout`` seconds pass first (the
+        collective itself keeps running)."""
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise CommTimeout(f"{self._work.description}: not complete after {timeout} s")
+        if self._future is not None:
+            # The progress thread sets the future just after the work completes.
+            self._future.wait()
         return True
 
     def is_completed(self) -> bool:
