@@ -73,13 +73,17 @@ class Ops:
 
 
 def _timed_loop(
-    refill: Callable[[], None], run: Callable[[], None], iters: int, warmup: int
+    refill: Callable[[], None], run: Callable[[], None], barrier: Callable[[], None],
+    iters: int, warmup: int
 ) -> list[float]:
-    """Times each call of run() alone (microseconds); refill() runs untimed before each."""
+    """Times each call of run() alone (microseconds); refill() and then a barrier run untimed
+    before each, so every rank starts the timed call together and no rank's time includes
+    waiting for another rank's refill."""
     clock = time.perf_counter
     times = []
     for i in range(warmup + iters):
         refill()
+        barrier()
         t0 = clock()
         run()
         t1 = clock()
@@ -92,10 +96,10 @@ def measure(ops: Ops, iters: int, warmup: int) -> dict[str, Any]:
     """Out-of-place then in-place, each after a barrier; results of the last
     iteration of each are checked."""
     ops.barrier()
-    oop_us = _timed_loop(ops.refill_oop, ops.run_oop, iters, warmup)
+    oop_us = _timed_loop(ops.refill_oop, ops.run_oop, ops.barrier, iters, warmup)
     oop_wrong = ops.check_oop()
     ops.barrier()
-    ip_us = _timed_loop(ops.refill_ip, ops.run_ip, iters, warmup)
+    ip_us = _timed_loop(ops.refill_ip, ops.run_ip, ops.barrier, iters, warmup)
     ip_wrong = ops.check_ip()
     return {
         "oop_us": [round(t, 3) for t in oop_us],

@@ -65,22 +65,30 @@ void ShmLink::wake_peer() {
 bool ShmLink::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
-    Send& s = sends_.front();
     if (head_ - tail_seen_ >= nslots_) {
       tail_seen_ = out_->tail.load(std::memory_order_acquire);
       if (head_ - tail_seen_ >= nslots_) break;
     }
     uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
-    size_t n = std::min<size_t>(slot_bytes_, s.bytes - s.done);
-    std::memcpy(theirs_->inbox_slot(my_local_, slot), s.data + s.done, n);
-    out_->lens[slot] = n;
+    uint8_t* dst = theirs_->inbox_slot(my_local_, slot);
+    // Small messages share a slot (a header and the data behind it), starting at multiples of
+    // kPieceAlign so that every message's pieces stay whole elements.
+    size_t fill = 0;
+    do {
+      Send& s = sends_.front();
+      size_t n = std::min<size_t>(slot_bytes_ - fill, s.bytes - s.done);
+      std::memcpy(dst + fill, s.data + s.done, n);
+      fill += n;
+      s.done += n;
+      if (s.done < s.bytes) break;
+      sends_.pop_front();
+    } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < slot_bytes_);
+    out_->lens[slot] = fill;
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);
     wake_peer();
-    s.done += n;
-    bytes_sent_ += n;
+    bytes_sent_ += fill;
     moved = true;
-    if (s.done == s.bytes) sends_.pop_front();
   }
   return moved;
 }
