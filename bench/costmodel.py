@@ -1,0 +1,399 @@
+#!/usr/bin/env python
+"""Alpha-beta cost model of allreduce, fitted to bench/allreduce.py results: predicts ring
+allreduce time and data-parallel training speedup at 8..4096 ranks for a given topology.
+
+    python bench/costmodel.py        # newest bench/results/allreduce_* run per class and W
+    python bench/costmodel.py --fit bench/results/allreduce_*.json --topology 8x8:pcie:25gbe
+    python bench/costmodel.py --topology 4x8:pcie:eth=30/2.5 --grad-mb 98 --compute-ms 180
+
+Model (one latency alpha and one bandwidth beta per link class; n bytes, N ranks):
+  ring    T = 2(N-1) alpha + 2(N-1)/N n / beta    (reduce-scatter + allgather, N-1 steps each)
+  direct  T = (N-1) (alpha + n / beta)             (pyring's small-message algorithm, <= 16 KiB)
+beta is an *effective* bandwidth that folds in the local reduction (at one world size the two
+cannot be told apart). A class is fitted per regime of step size (key()): at most --regimes
+contiguous ranges, the fewest whose worst in-sample error is within --target, each by least
+squares on relative error. Fitted classes are LIB-LINK: pyring-shm, pyring-tcp (loopback
+here), gloo-tcp (gloo always uses TCP), mpi-shm; runs with more ranks than cores are only
+predicted (time-sharing cores is not alpha-beta). PRESETS (typical, not measured here) and
+inline classes (NAME=ALPHA_US/GBPS) describe links this machine lacks.
+Topology "HxG:INTRA:INTER": G ranks per host joined by INTRA, hosts by INTER (curves vary the
+host count). The ring visits each host's ranks in turn, so each of its 2(N-1) steps moves n/N
+bytes over every link at once and lasts as long as the slowest class it crosses:
+  T_ring = 2(N-1) max_c (alpha_c + n / (N beta_c)).
+Training (weak scaling, per-rank compute t_c(N), backward t_b, overlap o in [0, 1]):
+  speedup(N) = N t_c(1) / (t_c(N) + max(0, T_ring(gradient bytes, N) - o t_b)).
+Validation: in-sample and leave-one-point-out error of every allreduce row; other world sizes
+(fit the rest, predict them); scaling.py's speedups (o = 0, its measured compute times).
+Writes bench/results/costmodel_<tag>.json and a PNG of predicted time and speedup vs ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "results"
+DIRECT_MAX = 16 << 10  # pyring's auto algorithm: direct up to 16 KiB, ring above
+LINK_OF_LIB = {"gloo": "tcp", "mpi": "shm"}  # pyring's link is the file's transport
+PRESETS = {  # alpha (s), beta (B/s): typical, stated assumptions, not measured here
+    "pcie": (8e-6, 10e9),  # PCIe 3.0 x16 GPU to GPU through the host bridge
+    "pcie4": (8e-6, 20e9),
+    "10gbe": (30e-6, 1.15e9),  # TCP goodput ~ 92% of line rate
+    "25gbe": (25e-6, 2.9e9),
+    "100gbe": (15e-6, 11.5e9),
+}
+DEFAULT_TOPOLOGIES = ("8x8:pcie:25gbe", "8x8:pcie:100gbe", "1x1:-:25gbe", "8x2:pyring-shm:10gbe")
+SPEEDUP_OF = {"pyring": "pyring-shm", "ddp-pyring": "pyring-shm", "ddp-gloo": "gloo-tcp"}
+
+
+def coeffs(algo: str, world: int) -> tuple[float, float]:
+    """(latency multiplier, bandwidth multiplier) of T = a alpha + b n / beta."""
+    if algo == "direct":
+        return world - 1.0, world - 1.0
+    return 2.0 * (world - 1), 2.0 * (world - 1) / world
+
+
+def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
+    """Measured allreduce rows: one point per (file, library, size), the median time of the
+    slowest rank (bench/_report.py), in-place ('ip') or out-of-place ('oop')."""
+    pts = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        cores = (doc.get("machine") or {}).get("cpu", {}).get("usable_cores") or 1 << 30
+        for lib, res in doc.get("results", {}).items():
+            if res.get("status") != "ok":
+                continue
+            link = LINK_OF_LIB.get(lib, doc.get("transport", "shm"))
+            algo = (res.get("info") or {}).get("PYRING_ALGO") or "auto"
+            for row in res.get("rows", []):
+                m = row[mode]
+                if m["wrong"] or m["time_us"] <= 0:
+                    continue
+                a = algo if algo != "auto" else "direct" if row["size"] <= DIRECT_MAX else "ring"
+                a = a if lib == "pyring" else "ring"
+                pts.append({"cls": f"{lib}-{link}", "world": doc["world"], "size": row["size"],
+                            "key": key(a, doc["world"], row["size"]), "t": m["time_us"] * 1e-6,
+                            "algo": a,
+                            "file": Path(path).name, "started": doc.get("started_at", ""),
+                            "oversub": doc["world"] > cores})
+    return pts
+
+
+def fit_ab(pts: list[dict[str, Any]]) -> tuple[float, float]:
+    """alpha >= 0, beta > 0 minimising the sum of squared relative errors."""
+    rows = [(a / p["t"], b * p["size"] / p["t"]) for p in pts
+            for a, b in [coeffs(p["algo"], p["world"])]]
+    saa = sum(r[0] ** 2 for r in rows)
+    sbb = sum(r[1] ** 2 for r in rows)
+    sab = sum(r[0] * r[1] for r in rows)
+    sa, sb = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    det = saa * sbb - sab**2
+    alpha, inv = ((sa * sbb - sb * sab) / det, (saa * sb - sab * sa) / det) if det > 0 else (-1, 0)
+    if alpha < 0 or inv <= 0:  # constrained: best with one parameter at its bound
+        cands = [(0.0, sb / sbb), (sa / saa, 1e-15)]
+        alpha, inv = min(cands, key=lambda c: sum((c[0] * x + c[1] * y - 1) ** 2 for x, y in rows))
+    return alpha, 1.0 / max(inv, 1e-15)
+
+
+def key(algo: str, world: int, size: float) -> float:
+    """What selects a regime: the size of the 2-rank ring allreduce whose steps move as many
+    bytes as this one's (n/N per ring step; the whole n per direct step)."""
+    return size if algo == "direct" else 2.0 * size / world
+
+
+def predict(regimes: list[dict[str, Any]], algo: str, world: int, size: float) -> float:
+    r = next((g for g in regimes if key(algo, world, size) <= g["upto"]), regimes[-1])
+    a, b = coeffs(algo, world)
+    return a * r["alpha"] + b * size / r["beta"]
+
+
+def err(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def fit_class(pts: list[dict[str, Any]], max_regimes: int, target: float) -> list[dict[str, Any]]:
+    """Contiguous size regimes, the fewest whose worst in-sample error is <= target (else the
+    best at max_regimes); each regime has >= 3 keys. upto: the largest key a regime answers."""
+    sizes = sorted({p["key"] for p in pts})
+    best = None
+    for k in range(1, max_regimes + 1):
+        for cuts in itertools.combinations(range(3, len(sizes) - 2), k - 1):
+            bounds = [0, *cuts, len(sizes)]
+            if any(b - a < 3 for a, b in zip(bounds, bounds[1:])):
+                continue
+            regimes = []
+            for a, b in zip(bounds, bounds[1:]):
+                lo, hi = sizes[a], sizes[b - 1]
+                alpha, beta = fit_ab([p for p in pts if lo <= p["key"] <= hi])
+                upto = math.sqrt(hi * sizes[b]) if b < len(sizes) else math.inf
+                regimes.append({"lo": lo, "hi": hi, "upto": upto, "alpha": alpha, "beta": beta})
+            worst = max(abs(err(predict(regimes, p["algo"], p["world"], p["size"]), p["t"]))
+                        for p in pts)
+            if best is None or worst < best[0] - 1e-12:
+                best = (worst, regimes)
+        if best is not None and best[0] <= target:
+            break
+    if best is None:  # fewer than 3 sizes: one regime
+        alpha, beta = fit_ab(pts)
+        return [{"lo": sizes[0], "hi": sizes[-1], "upto": math.inf, "alpha": alpha, "beta": beta}]
+    return best[1]
+
+
+def validate(pts: list[dict[str, Any]], regimes: list[dict[str, Any]]) -> None:
+    """Adds pred/err (in-sample) and loo_err (its regime refitted without the point)."""
+    for p in pts:
+        p["pred"] = predict(regimes, p["algo"], p["world"], p["size"])
+        p["err"] = err(p["pred"], p["t"])
+        reg = next((g for g in regimes if p["key"] <= g["upto"]), regimes[-1])
+        rest = [q for q in pts if q is not p and reg["lo"] <= q["key"] <= reg["hi"]]
+        if len({q["key"] for q in rest}) >= 2:
+            alpha, beta = fit_ab(rest)
+            loo = [{**reg, "lo": 0, "upto": math.inf, "alpha": alpha, "beta": beta}]
+            p["loo_err"] = err(predict(loo, p["algo"], p["world"], p["size"]), p["t"])
+
+
+def link(name: str, fits: dict[str, Any]) -> list[dict[str, Any]]:
+    """A link class's regimes: fitted, preset, or inline 'name=ALPHA_US/GBPS'."""
+    if "=" in name:
+        a, b = name.split("=", 1)[1].split("/")
+        return [{"upto": math.inf, "alpha": float(a) * 1e-6, "beta": float(b) * 1e9}]
+    if name in fits:
+        return fits[name]["regimes"]
+    if name in PRESETS:
+        return [{"upto": math.inf, "alpha": PRESETS[name][0], "beta": PRESETS[name][1]}]
+    valid = sorted(fits) + sorted(PRESETS) + ["NAME=ALPHA_US/GBPS"]
+    raise SystemExit(f"unknown link class {name!r}; valid: {', '.join(valid)}")
+
+
+def parse_topology(spec: str) -> tuple[int, int, str, str | None]:
+    """'HxG:INTRA[:INTER]' or 'G:INTRA[:INTER]' -> (hosts or 0, G, intra, inter)."""
+    parts = spec.split(":")
+    shape = parts[0].lower().split("x")
+    hosts, per = (int(shape[0]), int(shape[1])) if len(shape) == 2 else (0, int(shape[0]))
+    return hosts, per, parts[1], parts[2] if len(parts) > 2 else None
+
+
+def ring_time(topo: str, fits: dict[str, Any], n: float, world: int) -> float:
+    """Ring allreduce of n bytes on `world` ranks laid out as the topology says."""
+    _, per, intra, inter = parse_topology(topo)
+    classes = ([intra] if min(world, per) > 1 else []) + ([inter] if world > per else [])
+    if world > per and inter is None:
+        raise SystemExit(f"topology {topo}: {world} ranks need an inter-host link class")
+    if world == 1:
+        return 0.0
+    return 2 * (world - 1) * max(_step(link(c, fits), n, world) for c in classes)
+
+
+def _step(regimes: list[dict[str, Any]], n: float, world: int) -> float:
+    r = next((g for g in regimes if key("ring", world, n) <= g["upto"]), regimes[-1])
+    return r["alpha"] + n / world / r["beta"]
+
+
+def speedup(t1: float, tn: float, comm: float, backward: float, overlap: float, n: int) -> float:
+    return n * t1 / (tn + max(0.0, comm - overlap * backward))
+
+
+def validate_scaling(paths: list[str], fits: dict[str, Any]) -> list[dict[str, Any]]:
+    """scaling.py's measured speedups against the model: t_c(1), t_c(N) and the gradient size
+    from the same JSON, the ring time from the method's fitted class on one host, o = 0."""
+    out = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        runs, nbytes = doc.get("runs", {}), 4 * doc.get("config", {}).get("params", 0)
+        c1 = runs.get("compute x1", {}).get("step_s")
+        for row in doc.get("summary", []):
+            cls, n = SPEEDUP_OF.get(row["method"]), row["ranks"]
+            cn = runs.get(f"compute x{n}", {}).get("step_s")
+            if n < 2 or cls not in fits or not (c1 and cn and row.get("speedup")):
+                continue
+            comm = ring_time(f"{n}:{cls}", fits, nbytes, n)
+            pred = speedup(c1, cn, comm, 0.0, 0.0, n)
+            out.append({"file": Path(path).name, "method": row["method"], "ranks": n,
+                        "class": cls, "grad_bytes": nbytes, "comm_pred_s": comm,
+                        "comm_meas_s": row.get("comm_s"), "speedup": row["speedup"],
+                        "pred": pred, "err": err(pred, row["speedup"])})
+    return out
+
+
+def cross_world(pts: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per class with several world sizes: fit on the others, predict each world's points."""
+    out = []
+    for cls in sorted({p["cls"] for p in pts}):
+        mine = [p for p in pts if p["cls"] == cls]
+        for w in sorted({p["world"] for p in mine}):
+            train = [p for p in mine if p["world"] != w and not p["oversub"]]
+            if len({p["key"] for p in train}) < 3:
+                continue
+            regimes = fit_class(train, args.regimes, args.target)
+            errs = {p["size"]: err(predict(regimes, p["algo"], w, p["size"]), p["t"])
+                    for p in mine if p["world"] == w}
+            out.append({"class": cls, "world": w, "fitted_on": sorted({p["world"] for p in train}),
+                        "max_abs_err": max(map(abs, errs.values())), "errs": errs})
+    return out
+
+
+def human(n: float) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}"
+
+
+def plot(pred: dict[str, Any], workload: dict[str, Any], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no PNG: {e}"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for topo, curve in pred.items():
+        ns = [c["ranks"] for c in curve]
+        ax1.plot(ns, [c["allreduce_s"] * 1e3 for c in curve], "o-", ms=3, label=topo)
+        ax2.plot(ns, [c["speedup"] for c in curve], "o-", ms=3, label=topo)
+    ns = sorted({c["ranks"] for curve in pred.values() for c in curve})
+    ax2.plot(ns, ns, "k--", lw=1, label="ideal")
+    ax1.set(yscale="log", xlabel="ranks", ylabel="ring allreduce (ms)",
+            title=f"allreduce of {human(workload['grad_bytes'])}B (predicted)")
+    ax2.set(yscale="log", xlabel="ranks", ylabel="speedup over 1 rank",
+            title=f"speedup: {workload['compute_s'] * 1e3:.0f} ms/step, overlap "
+                  f"{workload['overlap']:.0%} of {workload['backward_s'] * 1e3:.0f} ms bwd")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--fit", nargs="+", default=None, metavar="JSON",
+                   help="allreduce results (default: bench/results/allreduce_*.json)")
+    p.add_argument("--scaling", nargs="*", default=None, metavar="JSON",
+                   help="scaling.py results to validate (default: bench/results/scaling_*.json)")
+    p.add_argument("--mode", choices=("ip", "oop"), default="ip", help="in-place or not")
+    p.add_argument("--regimes", type=int, default=3, help="most size regimes per class")
+    p.add_argument("--target", type=float, default=0.25, help="worst in-sample error wanted")
+    p.add_argument("--topology", action="append", default=None,
+                   help=f"HxG:INTRA:INTER, repeatable (default: {' '.join(DEFAULT_TOPOLOGIES)})")
+    p.add_argument("--grad-mb", type=float, default=97.5, help="gradient MiB per step "
+                   "(default: ResNet-50's 25.6 M float32 parameters)")
+    p.add_argument("--compute-ms", type=float, default=180.0, help="compute time per step")
+    p.add_argument("--backward-frac", type=float, default=2 / 3, help="backward share of it")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="share of backward that hides communication (0: none, 1: all)")
+    p.add_argument("--max-ranks", type=int, default=4096)
+    p.add_argument("--tag", default="model")
+    return p.parse_args(argv)
+
+
+def pct(v: float | None) -> str:
+    return "      -" if v is None else f"{100 * v:+6.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    fit_paths = args.fit or sorted(glob.glob(str(RESULTS / "allreduce_*.json")))
+    scaling_paths = (args.scaling if args.scaling is not None
+                     else sorted(glob.glob(str(RESULTS / "scaling_*.json"))))
+    pts = load_points(fit_paths, args.mode)
+    if not args.fit:  # by default the newest run of each class and world size only
+        newest: dict[Any, str] = {}
+        for p in pts:
+            newest[p["cls"], p["world"]] = max(newest.get((p["cls"], p["world"]), ""), p["started"])
+        pts = [p for p in pts if p["started"] == newest[p["cls"], p["world"]]]
+    if not pts:
+        sys.exit("no allreduce rows to fit: run bench/allreduce.py first (or pass --fit)")
+    fits: dict[str, Any] = {}  # oversubscribed runs (more ranks than cores) are only predicted
+    for cls in sorted({p["cls"] for p in pts if not p["oversub"]}):
+        mine = sorted((p for p in pts if p["cls"] == cls and not p["oversub"]),
+                      key=lambda p: (p["world"], p["size"]))
+        regimes = fit_class(mine, args.regimes, args.target)
+        validate(mine, regimes)
+        one = fit_class(mine, 1, math.inf)
+        loo = [abs(p["loo_err"]) for p in mine if "loo_err" in p]
+        fits[cls] = {"regimes": regimes, "max_abs_err": max(abs(p["err"]) for p in mine),
+                     "max_abs_loo_err": max(loo) if loo else None,
+                     "one_regime": one[0], "one_regime_max_abs_err": max(
+                         abs(err(predict(one, p["algo"], p["world"], p["size"]), p["t"]))
+                         for p in mine), "points": mine}
+        f, same = fits[cls], {}
+        for p in mine:  # the same size measured in several runs: the noise floor of any model
+            same.setdefault((p["world"], p["size"]), []).append(p["t"])
+        spread = [max(v) / min(v) - 1 for v in same.values() if len(v) > 1]
+        f["run_to_run_max_spread"] = max(spread) if spread else None
+        print(f"\n# {cls}: {len(mine)} points from {len({p['file'] for p in mine})} file(s); "
+              f"max |error| {100 * f['max_abs_err']:.1f}% in-sample, leave-one-out "
+              f"{pct(f['max_abs_loo_err']).strip()}; one regime for all sizes: "
+              f"{100 * f['one_regime_max_abs_err']:.0f}%" + (f"; runs differ by up to "
+              f"{100 * max(spread):.0f}% at one size" if spread else ""))
+        for g in regimes:
+            print(f"#   {human(g['lo']):>5s}..{human(g['hi']):<5s} alpha {g['alpha'] * 1e6:8.2f} "
+                  f"us  beta {g['beta'] / 1e9:7.3f} GB/s (effective)")
+        print("#  world       size  measured us  predicted us   error  loo err  algo")
+        for p in mine:
+            print(f"   {p['world']:5d} {human(p['size']):>10s} {p['t'] * 1e6:12.1f} "
+                  f"{p['pred'] * 1e6:13.1f} {pct(p['err'])} {pct(p.get('loo_err'))}  {p['algo']}")
+    cw = cross_world(pts, args)
+    for c in cw:
+        print(f"# across world sizes: {c['class']} fitted on W={c['fitted_on']}, predicting W="
+              f"{c['world']}: max |error| {100 * c['max_abs_err']:.0f}%")
+    sc = validate_scaling(scaling_paths, fits)
+    if sc:
+        print("\n# training speedup, measured (scaling.py) vs predicted (o = 0)")
+        for v in sc:
+            print(f"   {v['file']:28s} {v['method']:11s} x{v['ranks']}  measured "
+                  f"{v['speedup']:5.2f}  predicted {v['pred']:5.2f}  {pct(v['err'])}  (comm "
+                  f"{v['comm_pred_s'] * 1e3:.2f} ms predicted, "
+                  f"{(v['comm_meas_s'] or 0) * 1e3:.2f} ms measured alone)")
+    known = set(fits) | set(PRESETS) | {"-"}
+    topos = args.topology or [t for t in DEFAULT_TOPOLOGIES
+                              if set(parse_topology(t)[2:]) <= known]
+    n, tc = args.grad_mb * 2**20, args.compute_ms * 1e-3
+    workload = {"grad_bytes": n, "compute_s": tc, "backward_s": tc * args.backward_frac,
+                "overlap": args.overlap}
+    pred: dict[str, Any] = {}
+    print(f"\n# predicted ring allreduce of {human(n)}B and speedup ({args.compute_ms:g} ms "
+          f"compute, overlap {args.overlap:.0%} of {args.backward_frac:.0%} backward)")
+    for topo in topos:
+        hosts, per, _, inter = parse_topology(topo)
+        ranks = [r for r in sorted({2**k for k in range(3, int(math.log2(args.max_ranks)) + 1)}
+                                   | ({hosts * per} if hosts * per > 1 else set()))
+                 if inter or r <= per]  # one host only without an inter-host class
+        pred[topo] = [{"ranks": r, "allreduce_s": t, "speedup": speedup(
+            tc, tc, t, workload["backward_s"], args.overlap, r)}
+            for r in ranks for t in [ring_time(topo, fits, n, r)]]
+        for c in pred[topo]:
+            if c["ranks"] in (8, 64, 512, 4096) or c["ranks"] == hosts * per:
+                print(f"   {topo:24s} {c['ranks']:5d} ranks  allreduce "
+                      f"{c['allreduce_s'] * 1e3:9.1f} ms  speedup {c['speedup']:8.1f} "
+                      f"({c['speedup'] / c['ranks']:.0%})")
+    errs = [abs(p["err"]) for f in fits.values() for p in f["points"]] + [abs(v["err"]) for v in sc]
+    print(f"\n# worst |error| over all validated points: {100 * max(errs):.1f}% "
+          f"(target {100 * args.target:.0f}%)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"costmodel_{args.tag}.json"
+    doc = {"benchmark": "costmodel", "command": sys.argv, "fit_files": fit_paths,
+           "scaling_files": scaling_paths, "mode": args.mode, "presets": PRESETS,
+           "fits": fits, "cross_world": cw, "scaling_validation": sc, "workload": workload,
+           "predictions": pred, "model": __doc__}
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    msg = plot(pred, workload, out.with_suffix(".png"))
+    print(f"# wrote {out}" + (f" ({msg})" if msg else f" and {out.with_suffix('.png').name}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
