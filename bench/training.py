@@ -2,7 +2,7 @@
 """Training-step benchmark: pyring's optimizer hook vs DDP on the pyring backend vs DDP on
 gloo, side by side, at 1 and 2 local ranks (one torch thread per rank, fixed batch per rank).
 
-    PYTHONPATH=. python bench/training.py                   # ~3-5 minutes on 2 cores
+    PYTHONPATH=. python bench/training.py                   # ~6 minutes on 2 cores
     PYTHONPATH=. python bench/training.py --steps 4 --dim 128 --layers 2     # smoke test
 
 Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M parameters,
@@ -15,11 +15,14 @@ Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M 
             ddp-gloo    DistributedDataParallel on gloo
             each at 1 and 2 ranks.
 Step time of one iteration = the slowest rank's time for it; a run's figure is the median over
-its timed iterations (after warm-up). The plan runs --rounds times, interleaved; each run keeps
-its least disturbed round (lowest median), and every run reports how many cores' worth of CPU
-other processes used meanwhile (from /proc/stat, minus this benchmark's own processes).
+its timed iterations (after warm-up). The plan runs --rounds times, interleaved, so that a
+method's 1- and 2-rank runs go one after the other; a run's step is its median over rounds, and
+ratios are taken within a round, then their median over rounds is reported (the machine's speed
+drifts between rounds). Every run reports how many cores' worth of CPU other processes used
+meanwhile (from /proc/stat, minus this benchmark's own processes).
 Definitions printed under the table:
   scaling efficiency = throughput(2) / (2 * throughput(1)) = step(1) / step(2), same method
+  vs gloo = step(ddp-gloo, 2 ranks) / step(method, 2 ranks): above 1 means faster than DDP+gloo
   exposed comm = step(2) - compute(2)   [compute(2): 2 ranks without communication]
   hidden fraction = 1 - exposed / alone, clipped to [0, 1]   [alone: the method's library]
 The JSON also holds the variant with compute(1) in place of compute(2).
@@ -155,17 +158,36 @@ def run(kind: str, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(res: dict[str, Any]) -> list[dict[str, Any]]:
+def _paired(rounds: dict[str, list[dict[str, Any]]], num: str, den: str) -> list[float]:
+    """num/den of the median steps of two runs, per round where both succeeded."""
+    out = []
+    for a, b in zip(rounds.get(num, []), rounds.get(den, [])):
+        if a.get("status") == "ok" and b.get("status") == "ok":
+            out.append(a["median_s"] / b["median_s"])
+    return out
+
+
+def _med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def summarize(res: dict[str, Any], rounds: dict[str, list[dict[str, Any]]]
+              ) -> list[dict[str, Any]]:
     med = {k: v.get("median_s") for k, v in res.items() if v.get("status") == "ok"}
     c1, c2 = med.get("compute x1"), med.get("compute x2")
     rows = []
     for m in METHODS:
         s1, s2 = med.get(f"{m} x1"), med.get(f"{m} x2")
         alone = med.get(f"alone-{ALONE_LIB[m]} x2")
+        effs = _paired(rounds, f"{m} x1", f"{m} x2")
+        vs_gloo = _paired(rounds, "ddp-gloo x2", f"{m} x2")
         row: dict[str, Any] = {"method": m, "step_1_s": s1, "step_2_s": s2, "alone_s": alone,
                                "failed": [k for k in (f"{m} x1", f"{m} x2")
-                                          if res.get(k, {}).get("status") != "ok"]}
-        row["scaling_efficiency"] = s1 / s2 if s1 and s2 else None
+                                          if res.get(k, {}).get("status") != "ok"],
+                               "scaling_efficiency": _med(effs),
+                               "scaling_efficiency_rounds": effs,
+                               "ddp_gloo_step_over_this_rounds": vs_gloo,
+                               "ddp_gloo_step_over_this": _med(vs_gloo)}
         for name, base in (("", c2), ("_vs_compute1", c1)):
             exposed = s2 - base if s2 and base else None
             row["exposed_s" + name] = exposed
@@ -189,22 +211,28 @@ def print_table(rows: list[dict[str, Any]], res: dict[str, Any], cfg: dict[str, 
     if busy:
         print(f"  warning: other processes used > 0.1 core during {', '.join(busy)}")
     hdr = (f"\n{'method':12s} {'step 1r ms':>10s} {'step 2r ms':>10s} {'scaling':>8s} "
-           f"{'alone ms':>9s} {'exposed ms':>10s} {'hidden':>7s}")
+           f"{'vs gloo':>8s} {'alone ms':>9s} {'exposed ms':>10s} {'hidden':>7s}")
     print(hdr)
     print("-" * (len(hdr) - 1))
     for r in rows:
         eff = "-" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.0f}%"
         hid = "-" if r["hidden_fraction"] is None else f"{100 * r['hidden_fraction']:.0f}%"
         note = f"  FAILED: {', '.join(r['failed'])}" if r["failed"] else ""
+        vs = "-" if r["ddp_gloo_step_over_this"] is None else f"{r['ddp_gloo_step_over_this']:.2f}x"
         print(f"{r['method']:12s} {_ms(r['step_1_s']):>10s} {_ms(r['step_2_s']):>10s} "
-              f"{eff:>8s} {_ms(r['alone_s']):>9s} {_ms(r['exposed_s']):>10s} {hid:>7s}{note}")
+              f"{eff:>8s} {vs:>8s} {_ms(r['alone_s']):>9s} {_ms(r['exposed_s']):>10s} "
+              f"{hid:>7s}{note}")
+        effs = ", ".join(f"{100 * e:.0f}%" for e in r["scaling_efficiency_rounds"])
+        print(f"{'':12s} scaling per round: {effs}")
     sw = res.get("pyring x2", {}).get("sync_wait_median_s")
     if sw is not None:
         print(f"pyring x2: opt.synchronize() waited {sw * 1e3:.1f} ms per step (median, slowest "
               "rank) for allreduces still in flight after backward")
     print("step = median over iterations of the slowest rank's step (zero_grad, forward, "
-          "backward, [sync], AdamW step)\nscaling = step(1 rank) / step(2 ranks) = "
-          "throughput(2) / (2 x throughput(1))\nalone = one allreduce of the gradients' size "
+          "backward, [sync], AdamW step), then median over rounds\nscaling = step(1 rank) / "
+          "step(2 ranks) = throughput(2) / (2 x throughput(1)), per round, median over rounds"
+          "\nvs gloo = step(ddp-gloo, 2 ranks) / step(method, 2 ranks), per round, median"
+          "\nalone = one allreduce of the gradients' size "
           "with the method's library, 2 ranks, nothing else running\nexposed = step(2 ranks) - "
           "compute(2 ranks, no communication); hidden = 1 - exposed / alone, clipped to [0, 1]")
 
@@ -216,9 +244,9 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
-    p.add_argument("--steps", type=int, default=12, help="timed steps per run")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="the whole plan runs this many times; each run keeps its best round")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="the whole plan runs this many times; figures are medians over rounds")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--comm-iters", type=int, default=10)
     p.add_argument("--methods", default=",".join(METHODS))
@@ -246,13 +274,13 @@ def main() -> None:
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for kind, world in plan:
             rounds[f"{kind} x{world}"].append(run(kind, world, cfg))
-    res = {}  # per run: its least disturbed round (lowest median step), all rounds kept
+    res = {}  # per run: the round with the median step (upper median), all rounds kept
     for key, rs in rounds.items():
-        ok = [x for x in rs if x["status"] == "ok"]
-        res[key] = dict(min(ok, key=lambda x: x["median_s"]) if ok else rs[-1], rounds=rs)
+        ok = sorted((x for x in rs if x["status"] == "ok"), key=lambda x: x["median_s"])
+        res[key] = dict(ok[len(ok) // 2] if ok else rs[-1], rounds=rs)
     ok = [v for v in res.values() if v.get("status") == "ok"]
     cfg["params"] = ok[0]["params"] if ok else 0
-    rows = summarize(res)
+    rows = summarize(res, rounds)
     print_table(rows, res, cfg)
     tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.tag)
     out = Path(args.out) if args.out else BENCH_DIR / "results" / f"training_{tag}.json"
@@ -262,7 +290,11 @@ def main() -> None:
            "wall_s": time.perf_counter() - t0, "runs": res, "summary": rows,
            "definitions": {
                "step": "median over timed iterations of the slowest rank's step time",
-               "scaling_efficiency": "step(1 rank) / step(2 ranks), same method",
+               "step_1_s/step_2_s": "median over rounds of the run's median step",
+               "scaling_efficiency": "step(1 rank) / step(2 ranks), same method and round; "
+                                     "median over rounds",
+               "ddp_gloo_step_over_this": "step(ddp-gloo, 2) / step(method, 2), same round; "
+                                          "median over rounds",
                "alone": "allreduce (avg) of a flat float32 tensor of the gradients' size, "
                         "2 ranks, with the method's library (pyring for both pyring methods)",
                "exposed_s": "step(2) - compute(2 ranks, no communication)",

@@ -46,10 +46,11 @@ class _GradSync:
     accumulated into the gradients since the last exchange."""
 
     def __init__(self, comm: Any, params: list[Any], names: list[str], bucket_bytes: int,
-                 passes: int) -> None:
+                 passes: int, as_view: bool) -> None:
         import torch
 
         self.comm, self.params, self.names, self.passes = comm, params, names, passes
+        self.as_view = as_view
         self.buckets: list[_Bucket] = []
         self.where: list[tuple[_Bucket, int]] = []  # per parameter: (bucket, position)
         open_: dict[Any, _Bucket] = {}
@@ -64,13 +65,17 @@ class _GradSync:
             b.members.append(i)
             b.offsets.append(b.numel)
             b.numel += p.numel()
+        self.slots: list[Any] = [None] * len(params)  # per parameter: its view into a bucket
         for b in self.buckets:
             p0 = params[b.members[0]]
             b.buf = torch.zeros(b.numel + len(b.members), dtype=p0.dtype, device=p0.device)
             b.missing = len(b.members)
+            for i, off in zip(b.members, b.offsets):
+                p = params[i]
+                self.slots[i] = b.buf[off:off + p.numel()].view(p.shape)
         self.counts = [0] * len(params)  # backward passes seen per parameter in this window
         self.next = 0  # buckets launch strictly in index order: this one is next
-        self.inflight: list[tuple[Any, Any]] = []  # (pyring.Work, copy-back future)
+        self.inflight: list[Any] = []  # pyring.Work of the launched buckets
         # Both flags change only at points every rank reaches alike. fresh: the gradients hold
         # the last exchange's result (or were zeroed since). dirty: a gradient was accumulated
         # since the last exchange or zero_grad(). Whatever .grad holds when the optimizer is
@@ -99,38 +104,38 @@ class _GradSync:
 
     def fill(self, b: _Bucket, j: int) -> None:
         i = b.members[j]
-        p, g = self.params[i], self.params[i].grad
-        n, off = p.numel(), b.offsets[j]
+        p, g, slot = self.params[i], self.params[i].grad, self.slots[i]
         if g is None:
-            b.buf[off:off + n].zero_()
+            slot.zero_()
         elif g.layout != p.layout:
             raise Error(f"DistributedOptimizer: parameter {self.names[i]!r} has a {g.layout} "
                         f"gradient; pyring averages dense gradients only (for nn.Embedding, "
                         f"use sparse=False)")
-        else:
-            b.buf[off:off + n].view(p.shape).copy_(g)
+        elif g.data_ptr() != slot.data_ptr():  # else .grad is the slot (gradient as view)
+            slot.copy_(g)
         b.buf[b.numel + j] = 0 if g is None else 1
         b.missing -= 1
 
     def launch(self, b: _Bucket) -> None:
-        work = self.comm.all_reduce(b.buf, op="avg", async_op=True)
-        fut = work.get_future().then(functools.partial(self.unpack, b))
-        self.inflight.append((work, fut))
+        self.inflight.append(self.comm.all_reduce(b.buf, op="avg", async_op=True))
         self.next += 1
 
-    def unpack(self, b: _Bucket, fut: Any) -> None:
-        # Runs on pyring's progress thread once the bucket is averaged.
-        buf = fut.value()
-        used = buf[b.numel:].tolist()
-        for j, i in enumerate(b.members):
-            if used[j] == 0:  # no rank had a gradient: leave .grad as it is
-                continue
-            p, off = self.params[i], b.offsets[j]
-            avg = buf[off:off + p.numel()].view(p.shape)
-            if p.grad is None:
-                p.grad = avg.clone()
-            else:
-                p.grad.copy_(avg)
+    def unpack(self) -> None:
+        """Points (or copies) every .grad that some rank contributed to at its averaged slot."""
+        for b in self.buckets:
+            used = b.buf[b.numel:].tolist()
+            for j, i in enumerate(b.members):
+                if used[j] == 0:  # no rank had a gradient: leave .grad as it is
+                    continue
+                p, slot = self.params[i], self.slots[i]
+                g = p.grad
+                if self.as_view:
+                    if g is None or g.data_ptr() != slot.data_ptr():
+                        p.grad = slot
+                elif g is None:
+                    p.grad = slot.clone()
+                else:
+                    g.copy_(slot)
 
     def synchronize(self) -> None:
         """Exchanges the window (every bucket not yet launched, in order) and waits."""
@@ -142,9 +147,9 @@ class _GradSync:
                     if self.counts[i] < self.passes:
                         self.fill(b, j)
                 self.launch(b)
-            for work, fut in self.inflight:
+            for work in self.inflight:
                 work.wait()  # raises pyring's own error types
-                fut.wait()
+            self.unpack()
         finally:
             self.reset()
         self.fresh, self.dirty = True, False
@@ -208,7 +213,8 @@ def _remove(handles: list[Any]) -> None:
 
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any = None,
-                         bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1) -> Any:
+                         bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1,
+                         gradient_as_bucket_view: bool = True) -> Any:
     """Makes ``optimizer`` average its gradients across ranks, and returns it (the same object,
     still an instance of its class, so LR schedulers and ``state_dict`` work as before).
 
@@ -222,8 +228,14 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     buckets of one dtype each, closed when the next parameter would take one past
     ``bucket_bytes``. When a parameter's gradient has been accumulated
     ``backward_passes_per_step`` times, it is copied into its bucket; a full bucket is averaged
-    asynchronously (op "avg") as soon as every bucket before it has been launched, and copied
-    back into ``.grad`` from pyring's progress thread.
+    asynchronously (op "avg") as soon as every bucket before it has been launched.
+
+    ``gradient_as_bucket_view`` (default True): after the exchange each averaged ``.grad`` is a
+    view into its bucket (no copy back), and stays so until the user replaces it or sets it to
+    None; a ``.grad`` that is already its bucket view is not copied in either, so
+    ``zero_grad(set_to_none=False)`` windows accumulate straight into the bucket. A view is
+    overwritten by the next window's exchange: clone a gradient to keep it past the next
+    ``synchronize()``. False: the averages are copied into the ``.grad`` tensors autograd made.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``
@@ -290,7 +302,8 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
                 ("backward_passes_per_step", str(backward_passes_per_step))]
     check_same_on_all_ranks(comm, "DistributedOptimizer", entries)
 
-    sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step)
+    sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step,
+                     bool(gradient_as_bucket_view))
     ref = weakref.ref(sync)
     handles = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
                for i, p in enumerate(params)]

@@ -81,8 +81,11 @@ def plain(t: torch.Tensor):
 
 # Modes: "plain" (one backward per step), "accumulate" (backward_passes_per_step=2),
 # "no_sync" (first micro-batch inside no_sync()), "clip" (synchronize, clip, step),
-# "clip_skip" (synchronize, clip, step inside skip_synchronize()).
-MODES = {"plain": 64, "accumulate": 25 << 20, "no_sync": 200, "clip": 64, "clip_skip": 25 << 20}
+# "clip_skip" (synchronize, clip, step inside skip_synchronize()), "keep_grads"
+# (zero_grad(set_to_none=False), so backward accumulates into the bucket views), "copy_back"
+# (gradient_as_bucket_view=False).
+MODES = {"plain": 64, "accumulate": 25 << 20, "no_sync": 200, "clip": 64, "clip_skip": 25 << 20,
+         "keep_grads": 64, "copy_back": 25 << 20}
 
 
 def _train(comm, rank, world):
@@ -93,10 +96,11 @@ def _train(comm, rank, world):
         passes = 2 if mode == "accumulate" else 1
         opt = pyring.DistributedOptimizer(make_sgd(net), net.named_parameters(), comm=counting,
                                           bucket_bytes=bucket_bytes,
-                                          backward_passes_per_step=passes)
+                                          backward_passes_per_step=passes,
+                                          gradient_as_bucket_view=mode != "copy_back")
         buckets = len(opt._pyring_sync.buckets)
         for step in range(STEPS):
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=mode != "keep_grads")
             counting.all_reduces = 0
             if mode in ("accumulate", "no_sync"):
                 if mode == "no_sync":
@@ -118,6 +122,11 @@ def _train(comm, rank, world):
             else:
                 opt.step()
             assert counting.all_reduces == buckets, (mode, counting.all_reduces, buckets)
+            slots = {s.data_ptr() for s in opt._pyring_sync.slots}
+            views = {n for n, p in net.named_parameters()
+                     if p.grad is not None and p.grad.data_ptr() in slots}
+            assert views == ({n for n, p in net.named_parameters() if p.grad is not None}
+                             if mode != "copy_back" else set()), (mode, views)
         out[mode] = (state_of(net), buckets)
     return out
 
@@ -126,7 +135,7 @@ def _reference(world: int, mode: str) -> dict:
     net = make_net()
     opt = make_sgd(net)
     for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=mode != "keep_grads")
         if mode in ("accumulate", "no_sync"):
             loss = sum(loss_of(net, step, r, m) for r in range(world) for m in (0, 1))
         else:
