@@ -2,7 +2,7 @@
 """Alpha-beta cost model of allreduce, fitted to bench/allreduce.py results: predicts ring
 allreduce time and data-parallel training speedup at 8..4096 ranks for a given topology.
 
-    python bench/costmodel.py        # newest bench/results/allreduce_* run per class and W
+    python bench/costmodel.py        # every bench/results/allreduce_*.json: per size, the median run
     python bench/costmodel.py --fit bench/results/allreduce_*.json --topology 8x8:pcie:25gbe
     python bench/costmodel.py --topology 4x8:pcie:eth=30/2.5 --grad-mb 98 --compute-ms 180
 
@@ -84,6 +84,23 @@ def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
                             "file": Path(path).name, "started": doc.get("started_at", ""),
                             "oversub": doc["world"] > cores})
     return pts
+
+
+def aggregate(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points of one class, world, algorithm and size from several runs -> one point: the
+    median time over the runs (the mean of the middle two for an even count); "runs" keeps
+    each run's time and file."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for p in pts:
+        groups.setdefault((p["cls"], p["world"], p["algo"], p["size"]), []).append(p)
+    out = []
+    for g in groups.values():
+        ts = sorted(q["t"] for q in g)
+        mid = len(ts) // 2
+        t = ts[mid] if len(ts) % 2 else (ts[mid - 1] + ts[mid]) / 2
+        out.append({**g[0], "t": t, "file": ",".join(sorted({q["file"] for q in g})),
+                    "runs": [(q["t"], q["file"]) for q in g]})
+    return out
 
 
 def fit_ab(pts: list[dict[str, Any]]) -> tuple[float, float]:
@@ -308,12 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     fit_paths = args.fit or sorted(glob.glob(str(RESULTS / "allreduce_*.json")))
     scaling_paths = (args.scaling if args.scaling is not None
                      else sorted(glob.glob(str(RESULTS / "scaling_*.json"))))
-    pts = load_points(fit_paths, args.mode)
-    if not args.fit:  # by default the newest run of each class and world size only
-        newest: dict[Any, str] = {}
-        for p in pts:
-            newest[p["cls"], p["world"]] = max(newest.get((p["cls"], p["world"]), ""), p["started"])
-        pts = [p for p in pts if p["started"] == newest[p["cls"], p["world"]]]
+    raw = load_points(fit_paths, args.mode)
+    pts = aggregate(raw)  # one point per class, world and size: the median over the runs
     if not pts:
         sys.exit("no allreduce rows to fit: run bench/allreduce.py first (or pass --fit)")
     fits: dict[str, Any] = {}  # oversubscribed runs (more ranks than cores) are only predicted
@@ -329,12 +342,15 @@ def main(argv: list[str] | None = None) -> int:
                      "one_regime": one[0], "one_regime_max_abs_err": max(
                          abs(err(predict(one, p["algo"], p["world"], p["size"]), p["t"]))
                          for p in mine), "points": mine}
-        f, same = fits[cls], {}
-        for p in mine:  # the same size measured in several runs: the noise floor of any model
-            same.setdefault((p["world"], p["size"]), []).append(p["t"])
-        spread = [max(v) / min(v) - 1 for v in same.values() if len(v) > 1]
+        f = fits[cls]
+        # The same size measured in several runs: the noise a single run would carry.
+        spread = [max(t for t, _ in p["runs"]) / min(t for t, _ in p["runs"]) - 1
+                  for p in mine if len(p["runs"]) > 1]
         f["run_to_run_max_spread"] = max(spread) if spread else None
-        print(f"\n# {cls}: {len(mine)} points from {len({p['file'] for p in mine})} file(s); "
+        f["runs_per_point"] = sorted({len(p["runs"]) for p in mine})
+        files = {q for p in mine for _, q in p["runs"]}
+        print(f"\n# {cls}: {len(mine)} points, each the median of "
+              f"{'/'.join(map(str, f['runs_per_point']))} run(s) from {len(files)} file(s); "
               f"max |error| {100 * f['max_abs_err']:.1f}% in-sample, leave-one-out "
               f"{pct(f['max_abs_loo_err']).strip()}; one regime for all sizes: "
               f"{100 * f['one_regime_max_abs_err']:.0f}%" + (f"; runs differ by up to "

@@ -13,8 +13,10 @@ defines the numbers): compute xN: N ranks side by side, no communication; alone-
 allreduce of the gradients' size with LIB (pyring, gloo, nccl), nothing else running; METHOD
 xN: pyring (pyring.DistributedOptimizer, buckets overlap backward), ddp-pyring, ddp-gloo,
 ddp-nccl (DDP on that backend; nccl needs >= 2 GPUs). A run that fails or hangs (--run-limit)
-is reported and skipped. Writes bench/results/scaling_<tag>.json (torchrun: ..._w<N>.json)
-and a PNG of speedup against ranks with the ideal line.
+is reported and skipped. The plan runs --repeats times, interleaved, and each run reports the
+repeat with the median step (all repeats' steps are kept in the JSON). Writes
+bench/results/scaling_<tag>.json (torchrun: ..._w<N>.json) and a PNG of speedup against ranks
+with the ideal line.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ LIB = {"pyring": "pyring", "ddp-pyring": "pyring", "ddp-gloo": "gloo", "ddp-nccl
 _KEEP: list[Any] = []  # objects measure() must never free (see run_rank)
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0  # one rank per GPU
 DEFINITIONS = {  # the contract of every reported number
-    "step": "median over timed iterations of the slowest rank's iteration time (s)",
+    "step": "median over timed iterations of the slowest rank's iteration time (s); of the "
+            "repeats, the median one",
     "samples_per_s": "ranks * batch / step",
     "speedup": "samples_per_s / samples_per_s of 'compute x1' (one rank, no communication)",
     "efficiency": "speedup / ranks",
@@ -99,7 +102,7 @@ def measure(kind: str, rank: int, world: int, local_rank: int, store: Any,
                                               bucket_bytes=int(cfg["bucket_mb"] * 2**20))
         elif kind != "compute":
             net = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[dev.index] if cuda else None)
+                model, device_ids=[dev.index] if cuda else None, gradient_as_bucket_view=True)
         data = train.load_corpus(int(cfg["data_mb"] * 2**20))
         shard = len(data) // world
         gen = torch.Generator().manual_seed(rank)
@@ -156,7 +159,7 @@ def _child(rank: int, world: int, port: int, kind: str, cfg: dict[str, Any],
     td = datetime.timedelta(seconds=cfg["run_limit"] + 60)
     store = dist.TCPStore(host, port, is_master=False, timeout=td)
     if local is not None:
-        store = dist.PrefixStore(f"pyring-scaling/{kind}", store)
+        store = dist.PrefixStore(f"pyring-scaling/{kind}/{cfg['rep']}", store)
     run_rank(kind, rank, world, rank if local is None else local, store, cfg)
 
 
@@ -203,10 +206,14 @@ def run_torchrun(kinds: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     base, runs = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(
         seconds=cfg["run_limit"] + 60)), {}
-    for kind in kinds:
-        store, t0 = dist.PrefixStore(f"pyring-scaling/{kind}", base), time.perf_counter()
+    reps: dict[str, list[dict[str, Any]]] = {}
+    for i, kind in enumerate(kinds * cfg["repeats"]):
+        rep = i // len(kinds)
+        store = dist.PrefixStore(f"pyring-scaling/{kind}/{rep}", base)
+        t0 = time.perf_counter()
         child = multiprocessing.get_context("spawn").Process(target=_child, daemon=True, args=(
-            rank, world, port, kind, cfg, host, int(os.environ.get("LOCAL_RANK", rank))))
+            rank, world, port, kind, {**cfg, "rep": rep}, host,
+            int(os.environ.get("LOCAL_RANK", rank))))
         child.start()
         child.join(cfg["run_limit"])
         child.kill()  # a no-op once it has ended
@@ -216,9 +223,20 @@ def run_torchrun(kinds: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
                 f"rank {rank}: no result (exit code {child.exitcode}, limit "
                 f"{cfg['run_limit']:.0f} s)")}))
         if rank == 0:
-            runs[f"{kind} x{world}"] = gather(store, world, time.perf_counter() - t0)
-            progress(f"{kind} x{world}", runs[f"{kind} x{world}"])
-    return runs
+            res = gather(store, world, time.perf_counter() - t0)
+            reps.setdefault(f"{kind} x{world}", []).append(res)
+            progress(f"{kind} x{world}", res)
+    return {k: median_run(v) for k, v in reps.items()} if rank == 0 else runs
+
+
+def median_run(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's repeats -> the repeat with the median step (upper median; failures count
+    only when every repeat failed), with every repeat's step kept under "repeat_step_s"."""
+    ok = sorted((r for r in reps if r.get("status") == "ok"), key=lambda r: r["step_s"])
+    if not ok:
+        return reps[-1]
+    return dict(ok[len(ok) // 2], repeat_step_s=[r.get("step_s") for r in reps],
+                repeats=len(reps))
 
 
 def progress(key: str, res: dict[str, Any], done: int = 0, total: int = 0) -> None:
@@ -334,6 +352,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             ("dim", 128, "model width"), ("layers", 4, "blocks"), ("heads", 4, "heads"),
             ("seq", 128, "sequence length"), ("batch", 16, "sequences per rank per step"),
             ("steps", 20, "timed steps per run"), ("warmup", 3, "untimed first iterations"),
+            ("repeats", 3, "the whole plan runs this often, interleaved; each run reports "
+                           "its median repeat"),
             ("comm-iters", 20, "timed allreduces per alone run"),
             ("threads", 1, "torch threads per rank"), ("bucket-mb", 25.0, "pyring's bucket MiB"),
             ("data-mb", 4.0, "corpus MiB read from the stdlib"),
@@ -372,12 +392,15 @@ def main(argv: list[str] | None = None) -> int:
         worlds = sorted({int(w) for w in args.ranks.split(",") if w})
         if load0[0] > 1.5:
             print(f"warning: load average {load0[0]:.2f} at start: timings are not trustworthy")
-        plan = [(k, n) for n in worlds for k in kinds_at(n, methods)]
-        print(f"{len(plan)} runs: ranks {worlds}, methods {methods}, "
-              f"{cfg['gpus'] or 'no'} GPUs", flush=True)
+        plan = [(k, n) for n in worlds for k in kinds_at(n, methods)] * args.repeats
+        print(f"{len(plan)} runs: ranks {worlds}, methods {methods}, {args.repeats} "
+              f"repeat(s), {cfg['gpus'] or 'no'} GPUs", flush=True)
+        reps: dict[str, list[dict[str, Any]]] = {}
         for i, (kind, n) in enumerate(plan, 1):
-            runs[f"{kind} x{n}"] = run_spawned(kind, n, cfg)
-            progress(f"{kind} x{n}", runs[f"{kind} x{n}"], i, len(plan))
+            res = run_spawned(kind, n, cfg)
+            reps.setdefault(f"{kind} x{n}", []).append(res)
+            progress(f"{kind} x{n}", res, i, len(plan))
+        runs = {k: median_run(v) for k, v in reps.items()}
     cfg["params"] = next((v["params"] for v in runs.values() if v.get("status") == "ok"), 0)
     rows = summarize(runs, cfg["batch"])
     print_table(rows, cfg)

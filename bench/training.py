@@ -10,9 +10,13 @@ Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M 
   compute   1 and 2 ranks, no communication at all (2 ranks run side by side, independently)
   alone     2 ranks, one allreduce (avg) of a flat tensor of the gradients' size, nothing else:
             pyring (comm.all_reduce) and gloo (dist.all_reduce)
-  methods   pyring   pyring.DistributedOptimizer (25 MiB buckets), step() waits
-            ddp-pyring  DistributedDataParallel on the "pyring" backend (DDP's 25 MiB buckets)
-            ddp-gloo    DistributedDataParallel on gloo
+  methods   pyring      pyring.DistributedOptimizer (25 MiB buckets, gradients as bucket
+                        views), synchronize() then step()
+            ddp-pyring  DistributedDataParallel(gradient_as_bucket_view=True) on the "pyring"
+                        backend (DDP's 25 MiB buckets)
+            ddp-gloo    the same DDP on gloo
+            ddp-pyring-copy, ddp-gloo-copy: DDP with its defaults (gradients copied into the
+                        buckets and back)
             each at 1 and 2 ranks.
 Step time of one iteration = the slowest rank's time for it; a run's figure is the median over
 its timed iterations (after warm-up). The plan runs --rounds times, interleaved, so that a
@@ -22,7 +26,8 @@ drifts between rounds). Every run reports how many cores' worth of CPU other pro
 meanwhile (from /proc/stat, minus this benchmark's own processes).
 Definitions printed under the table:
   scaling efficiency = throughput(2) / (2 * throughput(1)) = step(1) / step(2), same method
-  vs gloo = step(ddp-gloo, 2 ranks) / step(method, 2 ranks): above 1 means faster than DDP+gloo
+  vs gloo = step(DDP on gloo, same DDP options, 2 ranks) / step(method, 2 ranks): above 1 means
+            faster than DDP on gloo (ddp-gloo for pyring's hook)
   exposed comm = step(2) - compute(2)   [compute(2): 2 ranks without communication]
   hidden fraction = 1 - exposed / alone, clipped to [0, 1]   [alone: the method's library]
 The JSON also holds the variant with compute(1) in place of compute(2).
@@ -53,8 +58,10 @@ import train  # noqa: E402  examples/train.py: model, launcher
 
 import pyring  # noqa: E402
 
-METHODS = ("pyring", "ddp-pyring", "ddp-gloo")
-ALONE_LIB = {"pyring": "pyring", "ddp-pyring": "pyring", "ddp-gloo": "gloo"}
+METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-pyring-copy", "ddp-gloo-copy")
+ALONE_LIB = {"pyring": "pyring", "ddp-pyring": "pyring", "ddp-gloo": "gloo",
+             "ddp-pyring-copy": "pyring", "ddp-gloo-copy": "gloo"}
+GLOO_PEER = {m: "ddp-gloo-copy" if m.endswith("-copy") else "ddp-gloo" for m in METHODS}
 
 
 def _worker(rank: int, world: int, port: int, kind: str, cfg: dict[str, Any]) -> None:
@@ -68,7 +75,7 @@ def _worker(rank: int, world: int, port: int, kind: str, cfg: dict[str, Any]) ->
     if kind in ("pyring", "alone-pyring"):
         comm = pyring.init(rank, world, store, timeout=timeout)
     elif kind != "compute":
-        backend = "pyring" if kind == "ddp-pyring" else "gloo"
+        backend = "pyring" if kind.startswith("ddp-pyring") else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td)
     store.set(f"ready/{rank}", "1")
     store.wait([f"ready/{r}" for r in range(world)], td)  # start side by side
@@ -93,7 +100,8 @@ def _worker(rank: int, world: int, port: int, kind: str, cfg: dict[str, Any]) ->
             opt = pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                               bucket_bytes=25 << 20)
         elif kind != "compute":
-            net = torch.nn.parallel.DistributedDataParallel(model)
+            net = torch.nn.parallel.DistributedDataParallel(
+                model, gradient_as_bucket_view=not kind.endswith("-copy"))
         gen = torch.Generator().manual_seed(rank)
         shape = (cfg["batch"], cfg["seq"])
         for _ in range(cfg["warmup"] + cfg["steps"]):
@@ -176,11 +184,11 @@ def summarize(res: dict[str, Any], rounds: dict[str, list[dict[str, Any]]]
     med = {k: v.get("median_s") for k, v in res.items() if v.get("status") == "ok"}
     c1, c2 = med.get("compute x1"), med.get("compute x2")
     rows = []
-    for m in METHODS:
+    for m in (m for m in METHODS if f"{m} x1" in res or f"{m} x2" in res):
         s1, s2 = med.get(f"{m} x1"), med.get(f"{m} x2")
         alone = med.get(f"alone-{ALONE_LIB[m]} x2")
         effs = _paired(rounds, f"{m} x1", f"{m} x2")
-        vs_gloo = _paired(rounds, "ddp-gloo x2", f"{m} x2")
+        vs_gloo = _paired(rounds, f"{GLOO_PEER[m]} x2", f"{m} x2")
         row: dict[str, Any] = {"method": m, "step_1_s": s1, "step_2_s": s2, "alone_s": alone,
                                "failed": [k for k in (f"{m} x1", f"{m} x2")
                                           if res.get(k, {}).get("status") != "ok"],
@@ -231,7 +239,7 @@ def print_table(rows: list[dict[str, Any]], res: dict[str, Any], cfg: dict[str, 
     print("step = median over iterations of the slowest rank's step (zero_grad, forward, "
           "backward, [sync], AdamW step), then median over rounds\nscaling = step(1 rank) / "
           "step(2 ranks) = throughput(2) / (2 x throughput(1)), per round, median over rounds"
-          "\nvs gloo = step(ddp-gloo, 2 ranks) / step(method, 2 ranks), per round, median"
+          "\nvs gloo = step(ddp-gloo[-copy], 2 ranks) / step(method, 2 ranks), per round, median"
           "\nalone = one allreduce of the gradients' size "
           "with the method's library, 2 ranks, nothing else running\nexposed = step(2 ranks) - "
           "compute(2 ranks, no communication); hidden = 1 - exposed / alone, clipped to [0, 1]")
@@ -293,7 +301,8 @@ def main() -> None:
                "step_1_s/step_2_s": "median over rounds of the run's median step",
                "scaling_efficiency": "step(1 rank) / step(2 ranks), same method and round; "
                                      "median over rounds",
-               "ddp_gloo_step_over_this": "step(ddp-gloo, 2) / step(method, 2), same round; "
+               "ddp_gloo_step_over_this": "step(ddp-gloo, 2) / step(method, 2), same round "
+                                          "(ddp-gloo-copy for ddp-pyring-copy); "
                                           "median over rounds",
                "alone": "allreduce (avg) of a flat float32 tensor of the gradients' size, "
                         "2 ranks, with the method's library (pyring for both pyring methods)",

@@ -8,7 +8,8 @@ on N local ranks whose gradients are averaged by pyring. Needs no download.
 
 --sync pyring: pyring.DistributedOptimizer(AdamW) averages gradient buckets while backward
 runs, and opt.synchronize() waits for the rest; ddp-pyring: DistributedDataParallel on the
-"pyring" torch.distributed backend; ddp-gloo: DistributedDataParallel on gloo.
+"pyring" torch.distributed backend; ddp-gloo: DistributedDataParallel on gloo (both DDPs with
+gradient_as_bucket_view=True).
 Started without torchrun, the script spawns its own ranks, which meet through a TCPStore on
 127.0.0.1 held by this process; a failing rank, a hang past --time-limit or the death of the
 parent ends every rank.
@@ -222,7 +223,7 @@ def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> 
         net = model
     else:  # DDP broadcasts rank 0's parameters and buffers at construction
         net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if use_cuda else None)
+            model, device_ids=[device.index] if use_cuda else None, gradient_as_bucket_view=True)
     timer = BusyTimer(comm) if comm is not None else None
 
     def average(values: list[float]) -> list[float]:

@@ -85,6 +85,16 @@ class _GradSync:
         self.no_sync_depth = 0
         self.skip_depth = 0
 
+    def before_grad(self, i: int) -> None:
+        """Runs before a gradient is accumulated into parameter i's .grad: refuses one past the
+        window's last pass, whose .grad may be its bucket slot, in flight."""
+        if not self.no_sync_depth and self.counts[i] >= self.passes:
+            raise Error(
+                f"DistributedOptimizer: parameter {self.names[i]!r} received "
+                f"{self.counts[i] + 1} gradients but backward_passes_per_step={self.passes}; "
+                f"call step(), synchronize() or the optimizer's zero_grad() between windows, "
+                f"or use no_sync()")
+
     def on_grad(self, i: int) -> None:
         self.fresh, self.dirty = False, True
         if self.no_sync_depth:
@@ -113,6 +123,8 @@ class _GradSync:
                         f"use sparse=False)")
         elif g.data_ptr() != slot.data_ptr():  # else .grad is the slot (gradient as view)
             slot.copy_(g)
+            if self.as_view:
+                p.grad = slot  # frees autograd's tensor now, for the allocator to reuse
         b.buf[b.numel + j] = 0 if g is None else 1
         b.missing -= 1
 
@@ -186,6 +198,12 @@ class _GradSync:
             self.skip_depth -= 1
 
 
+def _pre_hook(ref: Any, i: int, _grad: Any) -> None:
+    sync = ref()
+    if sync is not None:
+        sync.before_grad(i)
+
+
 def _hook(ref: Any, i: int, _param: Any) -> None:
     sync = ref()
     if sync is not None:
@@ -230,12 +248,14 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     ``backward_passes_per_step`` times, it is copied into its bucket; a full bucket is averaged
     asynchronously (op "avg") as soon as every bucket before it has been launched.
 
-    ``gradient_as_bucket_view`` (default True): after the exchange each averaged ``.grad`` is a
-    view into its bucket (no copy back), and stays so until the user replaces it or sets it to
-    None; a ``.grad`` that is already its bucket view is not copied in either, so
-    ``zero_grad(set_to_none=False)`` windows accumulate straight into the bucket. A view is
-    overwritten by the next window's exchange: clone a gradient to keep it past the next
-    ``synchronize()``. False: the averages are copied into the ``.grad`` tensors autograd made.
+    ``gradient_as_bucket_view`` (default True): once a gradient is copied into its bucket,
+    ``.grad`` becomes its view into the bucket (autograd's tensor is freed at once, so the next
+    backward reuses its memory), and after the exchange it holds the average (no copy back). It
+    stays the view until the user replaces it or sets it to None; a ``.grad`` that already is
+    its view is not copied, so ``zero_grad(set_to_none=False)`` windows accumulate straight into
+    the bucket. Between the copy and ``synchronize()`` the view is in flight: read gradients
+    only after ``synchronize()`` (or ``step()``), and clone one to keep it past the next
+    exchange. False: the averages are copied into the ``.grad`` tensors autograd made.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``
@@ -305,8 +325,9 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step,
                      bool(gradient_as_bucket_view))
     ref = weakref.ref(sync)
-    handles = [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
-               for i, p in enumerate(params)]
+    handles = [p.register_hook(functools.partial(_pre_hook, ref, i)) for i, p in enumerate(params)]
+    handles += [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
+                for i, p in enumerate(params)]
     handles.append(optimizer.register_step_pre_hook(functools.partial(_step_hook, ref)))
     optimizer._pyring_sync = sync
     optimizer.synchronize = sync.synchronize
