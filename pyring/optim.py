@@ -41,6 +41,36 @@ class _Bucket:
         self.missing = 0  # members not yet copied into buf in this window
 
 
+def plan(params: list[Any], bucket_bytes: int) -> list[list[int]]:
+    """Buckets as lists of indices into ``params`` (in the order their gradients are expected),
+    in launch order. Each bucket holds one dtype and device; it is closed when the next
+    parameter would take it past ``bucket_bytes``. The bucket launched last is then cut so that
+    it holds at most ``bucket_bytes // 4`` (but at least one parameter): it can only start once
+    backward is done, so what it holds is exchanged with nothing left to overlap."""
+    groups: list[list[int]] = []
+    size: list[int] = []
+    open_: dict[Any, int] = {}
+    nbytes = [p.numel() * p.element_size() for p in params]
+    for i, p in enumerate(params):
+        key = (p.dtype, p.device)
+        g = open_.get(key)
+        if g is None or size[g] + nbytes[i] > bucket_bytes:
+            g = open_[key] = len(groups)
+            groups.append([])
+            size.append(0)
+        groups[g].append(i)
+        size[g] += nbytes[i]
+    if groups and len(groups[-1]) > 1:
+        last, tail, k = groups[-1], 0, len(groups[-1])
+        while k > 1 and tail + nbytes[last[k - 1]] <= bucket_bytes // 4:
+            k -= 1
+            tail += nbytes[last[k]]
+        k = min(k, len(last) - 1)  # the tail keeps at least its last parameter
+        if k > 0 and size[-1] > bucket_bytes // 4:
+            groups[-1:] = [last[:k], last[k:]]
+    return groups
+
+
 class _GradSync:
     """The state DistributedOptimizer attaches to an optimizer. A *window* is everything
     accumulated into the gradients since the last exchange."""
@@ -51,20 +81,15 @@ class _GradSync:
 
         self.comm, self.params, self.names, self.passes = comm, params, names, passes
         self.as_view = as_view
-        self.buckets: list[_Bucket] = []
-        self.where: list[tuple[_Bucket, int]] = []  # per parameter: (bucket, position)
-        open_: dict[Any, _Bucket] = {}
-        for i, p in enumerate(params):
-            key = (p.dtype, p.device)
-            b = open_.get(key)
-            nbytes = p.numel() * p.element_size()
-            if b is None or (b.members and (b.numel * p.element_size() + nbytes) > bucket_bytes):
-                b = open_[key] = _Bucket(len(self.buckets))
-                self.buckets.append(b)
-            self.where.append((b, len(b.members)))
-            b.members.append(i)
-            b.offsets.append(b.numel)
-            b.numel += p.numel()
+        groups = plan(params, bucket_bytes)
+        self.buckets = [_Bucket(k) for k in range(len(groups))]
+        self.where: list[tuple[_Bucket, int]] = [None] * len(params)  # type: ignore[list-item]
+        for b, members in zip(self.buckets, groups):  # per parameter: (bucket, position)
+            for i in members:
+                self.where[i] = (b, len(b.members))
+                b.members.append(i)
+                b.offsets.append(b.numel)
+                b.numel += params[i].numel()
         self.slots: list[Any] = [None] * len(params)  # per parameter: its view into a bucket
         for b in self.buckets:
             p0 = params[b.members[0]]
@@ -244,7 +269,8 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
 
     Buckets: the trainable parameters of the optimizer, in reverse registration order, fill
     buckets of one dtype each, closed when the next parameter would take one past
-    ``bucket_bytes``. When a parameter's gradient has been accumulated
+    ``bucket_bytes``; the bucket launched last is cut to at most ``bucket_bytes // 4`` (its
+    exchange cannot overlap backward). When a parameter's gradient has been accumulated
     ``backward_passes_per_step`` times, it is copied into its bucket; a full bucket is averaged
     asynchronously (op "avg") as soon as every bucket before it has been launched.
 
