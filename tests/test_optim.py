@@ -291,3 +291,19 @@ def _job(rank, world, store):
 def ranks(request):
     """Every case runs in one set of processes per world size (spawning costs seconds)."""
     return run_ranks(request.param, _job)
+
+
+def test_bucket_plan():
+    from pyring.optim import plan
+
+    f32 = [torch.zeros(n) for n in (100, 50, 50, 30, 20, 5, 5)]  # 400, 200, 200, 120, 80, ...
+    groups = plan(f32, 500)
+    assert [i for g in groups for i in g] == list(range(len(f32)))  # every parameter, in order
+    # [3, 4, 5, 6] is 240 bytes; the last bucket is cut to its tail within 500 // 4 = 125 bytes
+    assert groups == [[0], [1, 2], [3], [4, 5, 6]]
+    mixed = [torch.zeros(4), torch.zeros(4, dtype=torch.float64), torch.zeros(4),
+             torch.zeros(4, dtype=torch.float64)]
+    assert plan(mixed, 1 << 20) == [[0, 2], [1, 3]]  # one dtype per bucket; small: no cut
+    assert plan([torch.zeros(1000), torch.zeros(1000)], 8000) == [[0], [1]]
+    assert plan([torch.zeros(1000)], 10) == [[0]]  # a parameter larger than a bucket
+    assert plan([], 10) == []
