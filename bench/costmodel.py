@@ -2,19 +2,21 @@
 """Alpha-beta cost model of allreduce, fitted to bench/allreduce.py results: predicts ring
 allreduce time and data-parallel training speedup at 8..4096 ranks for a given topology.
 
-    python bench/costmodel.py        # every bench/results/allreduce_*.json: per size, the median run
+    python bench/costmodel.py        # every bench/results/allreduce_*.json, median per size
     python bench/costmodel.py --fit bench/results/allreduce_*.json --topology 8x8:pcie:25gbe
     python bench/costmodel.py --topology 4x8:pcie:eth=30/2.5 --grad-mb 98 --compute-ms 180
 
-Model (one latency alpha and one bandwidth beta per link class; n bytes, N ranks):
-  ring    T = 2(N-1) alpha + 2(N-1)/N n / beta    (reduce-scatter + allgather, N-1 steps each)
-  direct  T = (N-1) (alpha + n / beta)             (pyring's small-message algorithm, <= 16 KiB)
-beta is an *effective* bandwidth that folds in the local reduction (at one world size the two
-cannot be told apart). A class is fitted per regime of step size (key()): at most --regimes
-contiguous ranges, the fewest whose worst in-sample error is within --target, each by least
-squares on relative error. Fitted classes are LIB-LINK: pyring-shm, pyring-tcp (loopback
-here), gloo-tcp (gloo always uses TCP), mpi-shm; runs with more ranks than cores are only
-predicted (time-sharing cores is not alpha-beta). PRESETS (typical, not measured here) and
+Model (bench/_alphabeta.py; n bytes, N ranks), one parameter set per link class:
+  ring    T = 2(N-1) alpha + 2(N-1)/N n (f / beta_c + (1 - f) / beta_m),  f = min(1, S / n)
+  direct  T = (N-1) (alpha_d + n / beta_d)         (pyring's small-message algorithm, <= 16 KiB)
+beta_c: bandwidth while the buffer stays in cache; beta_m: once it streams from memory, beyond
+the spill size S (a link without such an effect fits beta_c = beta_m). Both are *effective*
+bandwidths that fold in the local reduction. Fitted by least squares on relative error with
+coefficients >= 0, S by search. Each measured point is the median over every run given of one
+class, world size and message size. Fitted classes are LIB-LINK: pyring-shm, pyring-tcp
+(loopback here), gloo-tcp (gloo always uses TCP), mpi-shm (for reference: Open MPI picks its
+algorithm per size, so a ring model describes it only roughly); runs with more ranks than cores
+are only predicted (time-sharing cores is not alpha-beta). PRESETS (typical, not measured here) and
 inline classes (NAME=ALPHA_US/GBPS) describe links this machine lacks.
 Topology "HxG:INTRA:INTER": G ranks per host joined by INTRA, hosts by INTER (curves vary the
 host count). The ring visits each host's ranks in turn, so each of its 2(N-1) steps moves n/N
@@ -31,12 +33,13 @@ from __future__ import annotations
 
 import argparse
 import glob
-import itertools
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
+
+import _alphabeta as ab
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results"
@@ -50,14 +53,8 @@ PRESETS = {  # alpha (s), beta (B/s): typical, stated assumptions, not measured 
     "100gbe": (15e-6, 11.5e9),
 }
 DEFAULT_TOPOLOGIES = ("8x8:pcie:25gbe", "8x8:pcie:100gbe", "1x1:-:25gbe", "8x2:pyring-shm:10gbe")
+REFERENCE = "mpi-"  # fitted and reported, but no prediction here rests on these classes
 SPEEDUP_OF = {"pyring": "pyring-shm", "ddp-pyring": "pyring-shm", "ddp-gloo": "gloo-tcp"}
-
-
-def coeffs(algo: str, world: int) -> tuple[float, float]:
-    """(latency multiplier, bandwidth multiplier) of T = a alpha + b n / beta."""
-    if algo == "direct":
-        return world - 1.0, world - 1.0
-    return 2.0 * (world - 1), 2.0 * (world - 1) / world
 
 
 def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
@@ -79,7 +76,7 @@ def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
                 a = algo if algo != "auto" else "direct" if row["size"] <= DIRECT_MAX else "ring"
                 a = a if lib == "pyring" else "ring"
                 pts.append({"cls": f"{lib}-{link}", "world": doc["world"], "size": row["size"],
-                            "key": key(a, doc["world"], row["size"]), "t": m["time_us"] * 1e-6,
+                            "t": m["time_us"] * 1e-6,
                             "algo": a,
                             "file": Path(path).name, "started": doc.get("started_at", ""),
                             "oversub": doc["world"] > cores})
@@ -103,88 +100,30 @@ def aggregate(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def fit_ab(pts: list[dict[str, Any]]) -> tuple[float, float]:
-    """alpha >= 0, beta > 0 minimising the sum of squared relative errors."""
-    rows = [(a / p["t"], b * p["size"] / p["t"]) for p in pts
-            for a, b in [coeffs(p["algo"], p["world"])]]
-    saa = sum(r[0] ** 2 for r in rows)
-    sbb = sum(r[1] ** 2 for r in rows)
-    sab = sum(r[0] * r[1] for r in rows)
-    sa, sb = sum(r[0] for r in rows), sum(r[1] for r in rows)
-    det = saa * sbb - sab**2
-    alpha, inv = ((sa * sbb - sb * sab) / det, (saa * sb - sab * sa) / det) if det > 0 else (-1, 0)
-    if alpha < 0 or inv <= 0:  # constrained: best with one parameter at its bound
-        cands = [(0.0, sb / sbb), (sa / saa, 1e-15)]
-        alpha, inv = min(cands, key=lambda c: sum((c[0] * x + c[1] * y - 1) ** 2 for x, y in rows))
-    return alpha, 1.0 / max(inv, 1e-15)
-
-
-def key(algo: str, world: int, size: float) -> float:
-    """What selects a regime: the size of the 2-rank ring allreduce whose steps move as many
-    bytes as this one's (n/N per ring step; the whole n per direct step)."""
-    return size if algo == "direct" else 2.0 * size / world
-
-
-def predict(regimes: list[dict[str, Any]], algo: str, world: int, size: float) -> float:
-    r = next((g for g in regimes if key(algo, world, size) <= g["upto"]), regimes[-1])
-    a, b = coeffs(algo, world)
-    return a * r["alpha"] + b * size / r["beta"]
-
-
 def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas
 
 
-def fit_class(pts: list[dict[str, Any]], max_regimes: int, target: float) -> list[dict[str, Any]]:
-    """Contiguous size regimes, the fewest whose worst in-sample error is <= target (else the
-    best at max_regimes); each regime has >= 3 keys. upto: the largest key a regime answers."""
-    sizes = sorted({p["key"] for p in pts})
-    best = None
-    for k in range(1, max_regimes + 1):
-        for cuts in itertools.combinations(range(3, len(sizes) - 2), k - 1):
-            bounds = [0, *cuts, len(sizes)]
-            if any(b - a < 3 for a, b in zip(bounds, bounds[1:])):
-                continue
-            regimes = []
-            for a, b in zip(bounds, bounds[1:]):
-                lo, hi = sizes[a], sizes[b - 1]
-                alpha, beta = fit_ab([p for p in pts if lo <= p["key"] <= hi])
-                upto = math.sqrt(hi * sizes[b]) if b < len(sizes) else math.inf
-                regimes.append({"lo": lo, "hi": hi, "upto": upto, "alpha": alpha, "beta": beta})
-            worst = max(abs(err(predict(regimes, p["algo"], p["world"], p["size"]), p["t"]))
-                        for p in pts)
-            if best is None or worst < best[0] - 1e-12:
-                best = (worst, regimes)
-        if best is not None and best[0] <= target:
-            break
-    if best is None:  # fewer than 3 sizes: one regime
-        alpha, beta = fit_ab(pts)
-        return [{"lo": sizes[0], "hi": sizes[-1], "upto": math.inf, "alpha": alpha, "beta": beta}]
-    return best[1]
-
-
-def validate(pts: list[dict[str, Any]], regimes: list[dict[str, Any]]) -> None:
-    """Adds pred/err (in-sample) and loo_err (its regime refitted without the point)."""
+def validate(pts: list[dict[str, Any]], params: dict[str, Any]) -> None:
+    """Adds pred/err (in-sample) and loo_err (the class refitted without the point)."""
     for p in pts:
-        p["pred"] = predict(regimes, p["algo"], p["world"], p["size"])
+        p["pred"] = ab.predict(params, p["algo"], p["world"], p["size"])
         p["err"] = err(p["pred"], p["t"])
-        reg = next((g for g in regimes if p["key"] <= g["upto"]), regimes[-1])
-        rest = [q for q in pts if q is not p and reg["lo"] <= q["key"] <= reg["hi"]]
-        if len({q["key"] for q in rest}) >= 2:
-            alpha, beta = fit_ab(rest)
-            loo = [{**reg, "lo": 0, "upto": math.inf, "alpha": alpha, "beta": beta}]
-            p["loo_err"] = err(predict(loo, p["algo"], p["world"], p["size"]), p["t"])
+        rest = [q for q in pts if q is not p]
+        if len({q["size"] for q in rest}) >= 3:
+            loo = ab.fit(rest)
+            p["loo_err"] = err(ab.predict(loo, p["algo"], p["world"], p["size"]), p["t"])
 
 
-def link(name: str, fits: dict[str, Any]) -> list[dict[str, Any]]:
-    """A link class's regimes: fitted, preset, or inline 'name=ALPHA_US/GBPS'."""
+def link(name: str, fits: dict[str, Any]) -> dict[str, Any]:
+    """A link class's parameters: fitted, preset, or inline 'name=ALPHA_US/GBPS'."""
     if "=" in name:
         a, b = name.split("=", 1)[1].split("/")
-        return [{"upto": math.inf, "alpha": float(a) * 1e-6, "beta": float(b) * 1e9}]
+        return ab.preset(float(a) * 1e-6, float(b) * 1e9)
     if name in fits:
-        return fits[name]["regimes"]
+        return fits[name]["params"]
     if name in PRESETS:
-        return [{"upto": math.inf, "alpha": PRESETS[name][0], "beta": PRESETS[name][1]}]
+        return ab.preset(*PRESETS[name])
     valid = sorted(fits) + sorted(PRESETS) + ["NAME=ALPHA_US/GBPS"]
     raise SystemExit(f"unknown link class {name!r}; valid: {', '.join(valid)}")
 
@@ -205,12 +144,7 @@ def ring_time(topo: str, fits: dict[str, Any], n: float, world: int) -> float:
         raise SystemExit(f"topology {topo}: {world} ranks need an inter-host link class")
     if world == 1:
         return 0.0
-    return 2 * (world - 1) * max(_step(link(c, fits), n, world) for c in classes)
-
-
-def _step(regimes: list[dict[str, Any]], n: float, world: int) -> float:
-    r = next((g for g in regimes if key("ring", world, n) <= g["upto"]), regimes[-1])
-    return r["alpha"] + n / world / r["beta"]
+    return 2 * (world - 1) * max(ab.step(link(c, fits), n, world) for c in classes)
 
 
 def speedup(t1: float, tn: float, comm: float, backward: float, overlap: float, n: int) -> float:
@@ -246,10 +180,10 @@ def cross_world(pts: list[dict[str, Any]], args: argparse.Namespace) -> list[dic
         mine = [p for p in pts if p["cls"] == cls]
         for w in sorted({p["world"] for p in mine}):
             train = [p for p in mine if p["world"] != w and not p["oversub"]]
-            if len({p["key"] for p in train}) < 3:
+            if len({p["size"] for p in train}) < 3:
                 continue
-            regimes = fit_class(train, args.regimes, args.target)
-            errs = {p["size"]: err(predict(regimes, p["algo"], w, p["size"]), p["t"])
+            params = ab.fit(train)
+            errs = {p["size"]: err(ab.predict(params, p["algo"], w, p["size"]), p["t"])
                     for p in mine if p["world"] == w}
             out.append({"class": cls, "world": w, "fitted_on": sorted({p["world"] for p in train}),
                         "max_abs_err": max(map(abs, errs.values())), "errs": errs})
@@ -301,7 +235,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scaling", nargs="*", default=None, metavar="JSON",
                    help="scaling.py results to validate (default: bench/results/scaling_*.json)")
     p.add_argument("--mode", choices=("ip", "oop"), default="ip", help="in-place or not")
-    p.add_argument("--regimes", type=int, default=3, help="most size regimes per class")
     p.add_argument("--target", type=float, default=0.25, help="worst in-sample error wanted")
     p.add_argument("--topology", action="append", default=None,
                    help=f"HxG:INTRA:INTER, repeatable (default: {' '.join(DEFAULT_TOPOLOGIES)})")
@@ -314,6 +247,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-ranks", type=int, default=4096)
     p.add_argument("--tag", default="model")
     return p.parse_args(argv)
+
+
+def describe(params: dict[str, Any]) -> str:
+    text = (f"ring: alpha {params['alpha'] * 1e6:.2f} us, beta {params['beta_c'] / 1e9:.2f} GB/s "
+            f"in cache, {params['beta_m'] / 1e9:.2f} GB/s beyond {human(params['spill'])}B")
+    if params.get("beta_d"):
+        text += (f"; direct: alpha {params['alpha_d'] * 1e6:.2f} us, beta "
+                 f"{params['beta_d'] / 1e9:.2f} GB/s")
+    return text + " (effective)"
 
 
 def pct(v: float | None) -> str:
@@ -333,15 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     for cls in sorted({p["cls"] for p in pts if not p["oversub"]}):
         mine = sorted((p for p in pts if p["cls"] == cls and not p["oversub"]),
                       key=lambda p: (p["world"], p["size"]))
-        regimes = fit_class(mine, args.regimes, args.target)
-        validate(mine, regimes)
-        one = fit_class(mine, 1, math.inf)
+        params = ab.fit(mine)
+        validate(mine, params)
         loo = [abs(p["loo_err"]) for p in mine if "loo_err" in p]
-        fits[cls] = {"regimes": regimes, "max_abs_err": max(abs(p["err"]) for p in mine),
-                     "max_abs_loo_err": max(loo) if loo else None,
-                     "one_regime": one[0], "one_regime_max_abs_err": max(
-                         abs(err(predict(one, p["algo"], p["world"], p["size"]), p["t"]))
-                         for p in mine), "points": mine}
+        fits[cls] = {"params": params, "max_abs_err": max(abs(p["err"]) for p in mine),
+                     "max_abs_loo_err": max(loo) if loo else None, "points": mine}
         f = fits[cls]
         # The same size measured in several runs: the noise a single run would carry.
         spread = [max(t for t, _ in p["runs"]) / min(t for t, _ in p["runs"]) - 1
@@ -352,12 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n# {cls}: {len(mine)} points, each the median of "
               f"{'/'.join(map(str, f['runs_per_point']))} run(s) from {len(files)} file(s); "
               f"max |error| {100 * f['max_abs_err']:.1f}% in-sample, leave-one-out "
-              f"{pct(f['max_abs_loo_err']).strip()}; one regime for all sizes: "
-              f"{100 * f['one_regime_max_abs_err']:.0f}%" + (f"; runs differ by up to "
+              f"{pct(f['max_abs_loo_err']).strip()}" + (f"; runs differ by up to "
               f"{100 * max(spread):.0f}% at one size" if spread else ""))
-        for g in regimes:
-            print(f"#   {human(g['lo']):>5s}..{human(g['hi']):<5s} alpha {g['alpha'] * 1e6:8.2f} "
-                  f"us  beta {g['beta'] / 1e9:7.3f} GB/s (effective)")
+        print("#   " + describe(params))
         print("#  world       size  measured us  predicted us   error  loo err  algo")
         for p in mine:
             print(f"   {p['world']:5d} {human(p['size']):>10s} {p['t'] * 1e6:12.1f} "
@@ -396,9 +331,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {topo:24s} {c['ranks']:5d} ranks  allreduce "
                       f"{c['allreduce_s'] * 1e3:9.1f} ms  speedup {c['speedup']:8.1f} "
                       f"({c['speedup'] / c['ranks']:.0%})")
-    errs = [abs(p["err"]) for f in fits.values() for p in f["points"]] + [abs(v["err"]) for v in sc]
-    print(f"\n# worst |error| over all validated points: {100 * max(errs):.1f}% "
-          f"(target {100 * args.target:.0f}%)")
+    for ref in (False, True):  # the classes the predictions use, then the reference ones
+        errs = [(abs(p["err"]), f"{c} {human(p['size'])}B") for c, f in fits.items()
+                if c.startswith(REFERENCE) == ref for p in f["points"]]
+        errs += [] if ref else [(abs(v["err"]), f"{v['method']} x{v['ranks']}") for v in sc]
+        if errs:
+            worst = max(errs)
+            print(f"# worst |error| over the {'reference' if ref else 'modelled'} points: "
+                  f"{100 * worst[0]:.1f}% ({worst[1]}; target {100 * args.target:.0f}%)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"costmodel_{args.tag}.json"
     doc = {"benchmark": "costmodel", "command": sys.argv, "fit_files": fit_paths,

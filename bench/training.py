@@ -18,8 +18,10 @@ Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M 
             ddp-pyring-copy, ddp-gloo-copy: DDP with its defaults (gradients copied into the
                         buckets and back)
             each at 1 and 2 ranks.
-Step time of one iteration = the slowest rank's time for it; a run's figure is the median over
-its timed iterations (after warm-up). The plan runs --rounds times, interleaved, so that a
+A run's step = the slowest rank's mean iteration time over its timed iterations (after
+warm-up), i.e. 1 / its throughput: ranks that wait for each other in turn would make a
+per-iteration maximum overstate it (the JSON keeps that median too, and every iteration's
+time). The plan runs --rounds times, interleaved, so that a
 method's 1- and 2-rank runs go one after the other; a run's step is its median over rounds, and
 ratios are taken within a round, then their median over rounds is reported (the machine's speed
 drifts between rounds). Every run reports how many cores' worth of CPU other processes used
@@ -149,9 +151,12 @@ def run(kind: str, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         print(f"  {kind} x{world}: FAILED ({msg})", flush=True)
         return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
     slowest = [max(it) for it in zip(*(r["times"] for r in ranks))]
-    out = {"status": "ok", "world": world, "median_s": statistics.median(slowest),
+    out = {"status": "ok", "world": world,
+           "step_s": max(statistics.fmean(r["times"]) for r in ranks),
+           "median_iter_max_s": statistics.median(slowest),
            "min_s": min(slowest), "max_s": max(slowest), "iters": len(slowest),
            "per_rank_median_s": [statistics.median(r["times"]) for r in ranks],
+           "times_per_rank_s": [r["times"] for r in ranks],
            "params": ranks[0]["params"]}
     t1, busy1, ours1 = _cpu()
     out["wall_s"] = t1 - t0
@@ -160,7 +165,7 @@ def run(kind: str, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     if ranks[0]["waits"]:
         out["sync_wait_median_s"] = statistics.median(max(it) for it in
                                                       zip(*(r["waits"] for r in ranks)))
-    print(f"  {kind} x{world}: median {out['median_s'] * 1e3:.1f} ms over {len(slowest)} "
+    print(f"  {kind} x{world}: step {out['step_s'] * 1e3:.1f} ms over {len(slowest)} "
           f"iterations ({out['wall_s']:.0f} s; other processes used "
           f"{out['foreign_cores']:.2f} cores meanwhile)", flush=True)
     return out
@@ -171,7 +176,7 @@ def _paired(rounds: dict[str, list[dict[str, Any]]], num: str, den: str) -> list
     out = []
     for a, b in zip(rounds.get(num, []), rounds.get(den, [])):
         if a.get("status") == "ok" and b.get("status") == "ok":
-            out.append(a["median_s"] / b["median_s"])
+            out.append(a["step_s"] / b["step_s"])
     return out
 
 
@@ -181,7 +186,7 @@ def _med(xs: list[float]) -> float | None:
 
 def summarize(res: dict[str, Any], rounds: dict[str, list[dict[str, Any]]]
               ) -> list[dict[str, Any]]:
-    med = {k: v.get("median_s") for k, v in res.items() if v.get("status") == "ok"}
+    med = {k: v.get("step_s") for k, v in res.items() if v.get("status") == "ok"}
     c1, c2 = med.get("compute x1"), med.get("compute x2")
     rows = []
     for m in (m for m in METHODS if f"{m} x1" in res or f"{m} x2" in res):
@@ -213,7 +218,7 @@ def print_table(rows: list[dict[str, Any]], res: dict[str, Any], cfg: dict[str, 
     print(f"\n{cfg['params'] / 1e6:.2f} M parameters = {cfg['params'] * 4 / 1e6:.1f} MB of "
           f"float32 gradients; batch {cfg['batch']} x seq {cfg['seq']} per rank; 1 thread/rank")
     for k in ("compute x1", "compute x2", "alone-pyring x2", "alone-gloo x2"):
-        print(f"  {k:16s} {_ms(res[k].get('median_s')):>8s} ms" if res[k]["status"] == "ok"
+        print(f"  {k:16s} {_ms(res[k].get('step_s')):>8s} ms" if res[k]["status"] == "ok"
               else f"  {k:16s}   FAILED")
     busy = [k for k, v in res.items() if v.get("foreign_cores", 0) > 0.1]
     if busy:
@@ -236,7 +241,7 @@ def print_table(rows: list[dict[str, Any]], res: dict[str, Any], cfg: dict[str, 
     if sw is not None:
         print(f"pyring x2: opt.synchronize() waited {sw * 1e3:.1f} ms per step (median, slowest "
               "rank) for allreduces still in flight after backward")
-    print("step = median over iterations of the slowest rank's step (zero_grad, forward, "
+    print("step = the slowest rank's mean time per iteration (zero_grad, forward, "
           "backward, [sync], AdamW step), then median over rounds\nscaling = step(1 rank) / "
           "step(2 ranks) = throughput(2) / (2 x throughput(1)), per round, median over rounds"
           "\nvs gloo = step(ddp-gloo[-copy], 2 ranks) / step(method, 2 ranks), per round, median"
@@ -284,7 +289,7 @@ def main() -> None:
             rounds[f"{kind} x{world}"].append(run(kind, world, cfg))
     res = {}  # per run: the round with the median step (upper median), all rounds kept
     for key, rs in rounds.items():
-        ok = sorted((x for x in rs if x["status"] == "ok"), key=lambda x: x["median_s"])
+        ok = sorted((x for x in rs if x["status"] == "ok"), key=lambda x: x["step_s"])
         res[key] = dict(ok[len(ok) // 2] if ok else rs[-1], rounds=rs)
     ok = [v for v in res.values() if v.get("status") == "ok"]
     cfg["params"] = ok[0]["params"] if ok else 0
@@ -297,7 +302,9 @@ def main() -> None:
            "loadavg_start": load0, "loadavg_end": os.getloadavg(),
            "wall_s": time.perf_counter() - t0, "runs": res, "summary": rows,
            "definitions": {
-               "step": "median over timed iterations of the slowest rank's step time",
+               "step_s": "the slowest rank's mean iteration time over its timed iterations "
+                         "(its timed wall time / iterations: 1 / throughput); "
+                         "median_iter_max_s: median over iterations of the slowest rank's time",
                "step_1_s/step_2_s": "median over rounds of the run's median step",
                "scaling_efficiency": "step(1 rank) / step(2 ranks), same method and round; "
                                      "median over rounds",

@@ -47,7 +47,7 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
     }
     left.post_recv(std::move(spec));
   }
-  drive({&left, &right}, deadline, comm.options().spin_us);
+  drive({&left, &right}, deadline, comm.spin_us());
 
   widen(dtype, slot(0), acc, in.count);
   for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, slot(k), acc, acc, in.count);

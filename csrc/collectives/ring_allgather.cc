@@ -35,7 +35,7 @@ void ring_allgather(Communicator& comm, const BufferView& in, const BufferView& 
     }
     left.post_recv(std::move(spec));
   }
-  drive({&left, &right}, deadline, comm.options().spin_us);
+  drive({&left, &right}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -35,7 +35,7 @@ void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadlin
     }
     left.post_recv(std::move(spec));
   }
-  drive({&left, &right}, deadline, comm.options().spin_us);
+  drive({&left, &right}, deadline, comm.spin_us());
 }
 
 void ring_barrier(Communicator& comm, Deadline deadline) {
@@ -56,7 +56,7 @@ void ring_barrier(Communicator& comm, Deadline deadline) {
     left.post_recv(RecvSpec{1, &sink[0], pass_on});
     left.post_recv(RecvSpec{1, &sink[1], pass_on});
   }
-  drive({&left, &right}, deadline, comm.options().spin_us);
+  drive({&left, &right}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

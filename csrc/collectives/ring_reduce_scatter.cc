@@ -58,7 +58,7 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
     };
     left.post_recv(std::move(spec));
   }
-  drive({&left, &right}, deadline, comm.options().spin_us);
+  drive({&left, &right}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -26,6 +26,13 @@ void Communicator::close() {
   engine_.stop("communicator closed");
 }
 
+int Communicator::spin_us() const {
+  if (ProgressEngine::on_progress_thread() && options_.spin_us > kProgressSpinUs) {
+    return kProgressSpinUs;
+  }
+  return options_.spin_us;
+}
+
 bool Communicator::has_link(int peer) const {
   return peer >= 0 && peer < size_ && links_[static_cast<size_t>(peer)] != nullptr;
 }

@@ -32,6 +32,11 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
+  // How long a waiting collective polls before it sleeps: options().spin_us on the caller's
+  // thread, at most kProgressSpinUs on the progress thread, where polling would take the core
+  // from the caller's compute (backward) that the collective is meant to overlap.
+  static constexpr int kProgressSpinUs = 20;
+  int spin_us() const;
   int size() const { return size_; }
   const Options& options() const { return options_; }
 

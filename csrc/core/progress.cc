@@ -65,7 +65,16 @@ void ProgressEngine::run_sync(const CollectiveDesc& desc, const std::function<vo
   if (err) std::rethrow_exception(err);
 }
 
+namespace {
+thread_local bool t_on_progress_thread = false;
+}  // namespace
+
+bool ProgressEngine::on_progress_thread() {
+  return t_on_progress_thread;
+}
+
 void ProgressEngine::loop() {
+  t_on_progress_thread = true;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (queue_.empty() || busy_) {

@@ -16,6 +16,9 @@ namespace pyring {
 
 class ProgressEngine {
  public:
+  // True on a progress thread (its collectives share the core with the caller's compute).
+  static bool on_progress_thread();
+
   ProgressEngine();
   ~ProgressEngine();  // stop()s
   ProgressEngine(const ProgressEngine&) = delete;
