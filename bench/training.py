@@ -26,6 +26,8 @@ method's 1- and 2-rank runs go one after the other; a run's step is its median o
 ratios are taken within a round, then their median over rounds is reported (the machine's speed
 drifts between rounds). Every run reports how many cores' worth of CPU other processes used
 meanwhile (from /proc/stat, minus this benchmark's own processes).
+Every rank runs with glibc's heap trimming off (MALLOC_ENV; --default-malloc leaves it on), so
+that freed memory is reused without fresh page faults in every method alike.
 Definitions printed under the table:
   scaling efficiency = throughput(2) / (2 * throughput(1)) = step(1) / step(2), same method
   vs gloo = step(DDP on gloo, same DDP options, 2 ranks) / step(method, 2 ranks): above 1 means
@@ -60,6 +62,10 @@ import train  # noqa: E402  examples/train.py: model, launcher
 
 import pyring  # noqa: E402
 
+# Set for every rank of every run unless --default-malloc: glibc then never hands freed heap
+# memory back to the system, so a step's temporaries (AdamW's, autograd's) do not page-fault
+# afresh each step, a cost that otherwise lands on whichever rank's heap happens to be trimmed.
+MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 30), "MALLOC_MMAP_THRESHOLD_": str(4 << 30)}
 METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-pyring-copy", "ddp-gloo-copy")
 ALONE_LIB = {"pyring": "pyring", "ddp-pyring": "pyring", "ddp-gloo": "gloo",
              "ddp-pyring-copy": "pyring", "ddp-gloo-copy": "gloo"}
@@ -265,6 +271,8 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--timeout", type=float, default=120.0, help="collective deadline (s)")
     p.add_argument("--run-limit", type=float, default=300.0, help="per run, then killed (s)")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's heap trimming on in the ranks (see MALLOC_ENV)")
     p.add_argument("--tag", default=socket.gethostname())
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -275,6 +283,9 @@ def main() -> None:
     cfg = {k: getattr(args, k) for k in ("dim", "layers", "heads", "seq", "batch", "steps",
                                          "warmup", "comm_iters", "timeout", "run_limit")}
     from machine import describe
+
+    cfg["malloc_env"] = {} if args.default_malloc else MALLOC_ENV
+    os.environ.update(cfg["malloc_env"])  # the spawned ranks inherit it
 
     load0 = os.getloadavg()
     if load0[0] > 1.5:
