@@ -41,6 +41,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import train  # noqa: E402  examples/train.py: CharGPT, corpus, launcher
+from _scaling_report import plot, print_table  # noqa: E402
 from machine import describe  # noqa: E402  bench/machine.py
 
 import pyring  # noqa: E402
@@ -283,60 +284,6 @@ def summarize(runs: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _f(v: float | None, fmt: str, scale: float = 1.0) -> str:
-    return "-".rjust(int(fmt.split(".")[0])) if v is None else format(v * scale, fmt)
-
-
-def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
-    print(f"\nCharGPT {cfg['layers']}x{cfg['dim']}: {cfg.get('params', 0) / 1e6:.2f} M parameters"
-          f" ({cfg.get('params', 0) * 4 / 2**20:.1f} MiB of float32 gradients); batch "
-          f"{cfg['batch']} x seq {cfg['seq']} per rank; {cfg['threads']} thread(s)/rank")
-    hdr = (f"{'method':11s} {'ranks':>5s} {'step ms':>9s} {'samples/s':>9s} {'speedup':>7s} "
-           f"{'effic.':>6s} {'comm ms':>8s} {'comm %':>6s} {'exposed':>8s} {'overlap':>7s}")
-    print(hdr + "\n" + "-" * len(hdr))
-    for r in rows:
-        if r["step_s"] is None:
-            print(f"{r['method']:11s} {r['ranks']:5d}   FAILED: {r['error']}")
-            continue
-        comm = r.get("comm_s")
-        pct = comm / r["step_s"] if comm is not None else None
-        extra = (f"  contention x{r['contention']:.2f}" if r.get("contention") else "")
-        print(f"{r['method']:11s} {r['ranks']:5d} {_f(r['step_s'], '9.1f', 1e3)} "
-              f"{_f(r['samples_per_s'], '9.1f')} {_f(r['speedup'], '7.2f')} "
-              f"{_f(r['efficiency'], '6.0%')} {_f(comm, '8.2f', 1e3)} {_f(pct, '6.1%')} "
-              f"{_f(r.get('exposed_s'), '8.1f', 1e3)} {_f(r.get('overlap'), '7.0%')}{extra}")
-    print("\n".join(f"  {k}: {v}" for k, v in DEFINITIONS.items()))
-
-
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> str | None:
-    """Speedup against ranks per method, with the ideal line; returns an error or None."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        return f"no PNG: {e}"
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    worlds = sorted({r["ranks"] for r in rows})
-    ax.plot(worlds, worlds, "k--", lw=1, label="ideal (speedup = ranks)")
-    for m in ["compute", *METHODS]:
-        pts = sorted((r["ranks"], r["speedup"]) for r in rows if r["speedup"] and (
-            r["method"] == m or r["ranks"] == 1))  # every curve starts at compute x1
-        if m != "compute" and len(pts) < 2:
-            continue
-        ax.plot(*zip(*pts), "o-" if m != "compute" else "s:",
-                label="no communication (upper bound)" if m == "compute" else m)
-    ax.set(xlabel="ranks", ylabel="speedup over 1 rank (samples/s)", title=title)
-    ax.set_xticks(worlds, [str(w) for w in worlds])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return None
-
-
 def kinds_at(world: int, methods: list[str]) -> list[str]:
     """The runs at one world size, in order: compute, then (N > 1) alone-LIB and methods."""
     libs = [f"alone-{lib}" for lib in dict.fromkeys(LIB[m] for m in methods)]
@@ -406,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {k: median_run(v) for k, v in reps.items()}
     cfg["params"] = next((v["params"] for v in runs.values() if v.get("status") == "ok"), 0)
     rows = summarize(runs, cfg["batch"])
-    print_table(rows, cfg)
+    print_table(rows, cfg, DEFINITIONS)
     out = Path(args.out) if args.out else BENCH_DIR / "results" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "scaling", "command": sys.argv, "config": cfg, "machine": describe(),
@@ -415,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
            "definitions": DEFINITIONS}
     out.write_text(json.dumps(doc, indent=1))
     err = plot(rows, out.with_suffix(".png"), f"CharGPT {cfg['params'] / 1e6:.1f} M params, "
-               f"batch {cfg['batch']}/rank, {'GPU' if cfg['gpus'] else 'CPU'}")
+               f"batch {cfg['batch']}/rank, {'GPU' if cfg['gpus'] else 'CPU'}", METHODS)
     print(f"\nwrote {out}" + (f" ({err})" if err else f" and {out.with_suffix('.png').name}")
           + f" in {doc['wall_s']:.0f} s")
     return 1 if any(v.get("status") != "ok" for v in runs.values()) else 0

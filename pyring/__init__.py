@@ -40,8 +40,5 @@ from . import backend as _backend  # registers the "pyring" torch.distributed ba
 
 __all__ += ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "hooks"]
 from . import hooks  # noqa: E402
-from .optim import (  # noqa: E402
-    DistributedOptimizer,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from .optim import DistributedOptimizer  # noqa: E402
+from .state import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
