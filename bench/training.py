@@ -59,6 +59,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import train  # noqa: E402  examples/train.py: model, launcher
+from scaling import median_run  # noqa: E402
 
 import pyring  # noqa: E402
 
@@ -298,10 +299,8 @@ def main() -> None:
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for kind, world in plan:
             rounds[f"{kind} x{world}"].append(run(kind, world, cfg))
-    res = {}  # per run: the round with the median step (upper median), all rounds kept
-    for key, rs in rounds.items():
-        ok = sorted((x for x in rs if x["status"] == "ok"), key=lambda x: x["step_s"])
-        res[key] = dict(ok[len(ok) // 2] if ok else rs[-1], rounds=rs)
+    # Per run: the round with the median step, all rounds kept.
+    res = {key: dict(median_run(rs), rounds=rs) for key, rs in rounds.items()}
     ok = [v for v in res.values() if v.get("status") == "ok"]
     cfg["params"] = ok[0]["params"] if ok else 0
     rows = summarize(res, rounds)

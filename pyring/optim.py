@@ -123,12 +123,7 @@ class _GradSync:
         self.fresh, self.dirty = False, True
         if self.no_sync_depth:
             return
-        c = self.counts[i] = self.counts[i] + 1
-        if c > self.passes:
-            raise Error(
-                f"DistributedOptimizer: parameter {self.names[i]!r} received {c} gradients "
-                f"but backward_passes_per_step={self.passes}; call step(), synchronize() or "
-                f"the optimizer's zero_grad() between windows, or use no_sync()")
+        c = self.counts[i] = self.counts[i] + 1  # before_grad refused any past self.passes
         if c == self.passes:
             b, j = self.where[i]
             self.fill(b, j)
