@@ -87,6 +87,7 @@ def run(method: str, cfg: dict[str, Any]) -> dict[str, Any]:
                        "per_rank_mean_s": [statistics.fmean(r["times"]) for r in runs],
                        "times_per_rank_s": [r["times"] for r in runs]}
         if any(any(r["waits"]) for r in runs):
+            modes[mode]["sync_waits_per_rank_s"] = [r["waits"] for r in runs]
             modes[mode]["sync_wait_median_s"] = statistics.median(
                 max(w) for w in zip(*(r["waits"] for r in runs)))
     t1, busy1, ours1 = _cpu()

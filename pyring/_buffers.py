@@ -37,7 +37,7 @@ class View(NamedTuple):
     nbytes: int
 
 
-ELEMENT_SIZES = _SIZES = (4, 8, 2, 2, 1, 1, 4, 8)  # bytes per element, by dtype code
+_SIZES = (4, 8, 2, 2, 1, 1, 4, 8)
 _STRIDED = torch.strided if torch is not None else None
 _Tensor = torch.Tensor if torch is not None else ()
 _new_view = tuple.__new__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from ._buffers import ELEMENT_SIZES, check_same_dtype, overlaps, view_of
+from ._buffers import check_same_dtype, overlaps, view_of
 from .ops import op_code
 from .work import Work
 
@@ -62,37 +62,6 @@ class Communicator:
         w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
-        return None
-
-    def all_reduce_gather(self, inputs: Any, out: Any, op: Any = "sum",
-                          async_op: bool = False) -> Work | None:
-        """Reduces the concatenation of ``inputs`` (a list of tensors of ``out``'s dtype whose
-        element counts add up to ``out``'s) across ranks into ``out``, without concatenating
-        them first. An input may be the very slice of ``out`` it stands for (reduced in
-        place); any other overlap with ``out`` is an error."""
-        what = "all_reduce_gather"
-        code = op_code(op, what)
-        if not isinstance(inputs, (list, tuple)):
-            raise TypeError(f"{what}: inputs must be a list or tuple of tensors, got "
-                            f"{type(inputs).__name__}")
-        dst = view_of(out, what, "out", writable=True)
-        esz = ELEMENT_SIZES[dst.dtype]
-        ptrs, counts, pos = [], [], 0
-        for k, t in enumerate(inputs):
-            v = view_of(t, what, f"inputs[{k}]")
-            check_same_dtype(what, v, dst, f"inputs[{k}]", "out")
-            if v.ptr != dst.ptr + pos * esz and overlaps(v, dst):
-                raise ValueError(f"{what}: inputs[{k}] overlaps out but is not the slice of "
-                                 f"out it stands for (elements {pos}..{pos + v.count})")
-            ptrs.append(v.ptr)
-            counts.append(v.count)
-            pos += v.count
-        if pos != dst.count:
-            raise ValueError(f"{what}: inputs hold {pos} elements in all but out has "
-                             f"{dst.count}")
-        w = self._c.all_reduce_gather(ptrs, counts, dst.ptr, dst.dtype, code, async_op)
-        if async_op or self._inflight:
-            return self._launch(out, (out, tuple(inputs)), async_op, w)
         return None
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:

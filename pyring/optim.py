@@ -29,7 +29,7 @@ class _Bucket:
     """Gradients of one dtype, flattened: the parameters' slots, then one flag per parameter
     (1 where the rank has a gradient for it, else 0)."""
 
-    __slots__ = ("index", "members", "offsets", "numel", "buf", "missing", "inputs", "flags")
+    __slots__ = ("index", "members", "offsets", "numel", "buf", "missing")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -37,11 +37,7 @@ class _Bucket:
         self.offsets: list[int] = []
         self.numel = 0
         self.buf: Any = None
-        self.missing = 0  # members not yet filled in this window
-        # Per member, what the exchange reads for it: autograd's gradient itself (gathered
-        # without a copy) or its slot in buf; None until filled.
-        self.inputs: list[Any] = []
-        self.flags: Any = None  # buf's flag elements
+        self.missing = 0  # members not yet copied into buf in this window
 
 
 def plan(params: list[Any], bucket_bytes: int) -> list[list[int]]:
@@ -97,16 +93,13 @@ class _GradSync:
         for b in self.buckets:
             p0 = params[b.members[0]]
             b.buf = torch.zeros(b.numel + len(b.members), dtype=p0.dtype, device=p0.device)
-            b.flags = b.buf[b.numel:]
             b.missing = len(b.members)
-            b.inputs = [None] * len(b.members)
             for i, off in zip(b.members, b.offsets):
                 p = params[i]
                 self.slots[i] = b.buf[off:off + p.numel()].view(p.shape)
         self.counts = [0] * len(params)  # backward passes seen per parameter in this window
         self.next = 0  # buckets launch strictly in index order: this one is next
-        self.inflight: list[Any] = []  # pyring.Work of the launched buckets, in order
-        self.retired = 0  # launched buckets whose gradients were already pointed at the bucket
+        self.inflight: list[Any] = []  # pyring.Work of the launched buckets
         # Both flags change only at points every rank reaches alike. fresh: the gradients hold
         # the last exchange's result (or were zeroed since). dirty: a gradient was accumulated
         # since the last exchange or zero_grad(). Whatever .grad holds when the optimizer is
@@ -137,57 +130,26 @@ class _GradSync:
             if b.missing == 0:
                 while self.next < len(self.buckets) and self.buckets[self.next].missing == 0:
                     self.launch(self.buckets[self.next])
-            self.retire()
 
     def fill(self, b: _Bucket, j: int) -> None:
-        """Marks member j's gradient as final for this window: the exchange will read it in
-        place where the core can (a dense contiguous CPU tensor of the bucket's dtype), else
-        from its slot, into which it is copied now."""
         i = b.members[j]
         p, g, slot = self.params[i], self.params[i].grad, self.slots[i]
         if g is None:
             slot.zero_()
-            b.inputs[j] = slot
         elif g.layout != p.layout:
             raise Error(f"DistributedOptimizer: parameter {self.names[i]!r} has a {g.layout} "
                         f"gradient; pyring averages dense gradients only (for nn.Embedding, "
                         f"use sparse=False)")
-        elif g.data_ptr() == slot.data_ptr():  # .grad is the slot (gradient as view)
-            b.inputs[j] = slot
-        elif g.is_cpu and slot.is_cpu and g.dtype == slot.dtype and g.is_contiguous():
-            b.inputs[j] = g
-        else:
+        elif g.data_ptr() != slot.data_ptr():  # else .grad is the slot (gradient as view)
             slot.copy_(g)
-            b.inputs[j] = slot
             if self.as_view:
                 p.grad = slot  # frees autograd's tensor now, for the allocator to reuse
-        b.flags[j] = 0 if g is None else 1
+        b.buf[b.numel + j] = 0 if g is None else 1
         b.missing -= 1
 
     def launch(self, b: _Bucket) -> None:
-        if all(x is s for x, s in zip(b.inputs, (self.slots[i] for i in b.members))):
-            work = self.comm.all_reduce(b.buf, op="avg", async_op=True)
-        else:  # reads the gradients where autograd left them, writes the averages into buf
-            work = self.comm.all_reduce_gather(b.inputs + [b.flags], b.buf, op="avg",
-                                               async_op=True)
-        self.inflight.append(work)
+        self.inflight.append(self.comm.all_reduce(b.buf, op="avg", async_op=True))
         self.next += 1
-
-    def retire(self, upto: int | None = None) -> None:
-        """For launched buckets whose exchange is complete (in launch order, all of the first
-        ``upto``), drops the references to autograd's gradients; with gradients as bucket
-        views, each such ``.grad`` becomes its slot now, so that its memory is free for the
-        rest of backward to reuse."""
-        while self.retired < len(self.inflight):
-            k = self.retired
-            if (upto is None or k >= upto) and not self.inflight[k].is_completed():
-                return
-            b = self.buckets[k]
-            for j, i in enumerate(b.members):
-                slot = self.slots[i]
-                if self.as_view and b.inputs[j] is not None and b.inputs[j] is not slot:
-                    self.params[i].grad = slot
-            self.retired += 1
 
     def unpack(self) -> None:
         """Points (or copies) every .grad that some rank contributed to at its averaged slot."""
@@ -218,7 +180,6 @@ class _GradSync:
                 self.launch(b)
             for work in self.inflight:
                 work.wait()  # raises pyring's own error types
-            self.retire(len(self.inflight))
             self.unpack()
         finally:
             self.reset()
@@ -226,12 +187,10 @@ class _GradSync:
 
     def reset(self) -> None:
         self.inflight.clear()
-        self.retired = 0
         self.next = 0
         self.counts = [0] * len(self.params)
         for b in self.buckets:
             b.missing = len(b.members)
-            b.inputs = [None] * len(b.members)
 
     def before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         if self.skip_depth:
@@ -306,21 +265,17 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     buckets of one dtype each, closed when the next parameter would take one past
     ``bucket_bytes``; the bucket launched last is cut to at most ``bucket_bytes // 4`` (its
     exchange cannot overlap backward). When a parameter's gradient has been accumulated
-    ``backward_passes_per_step`` times, it joins its bucket; a full bucket is averaged
-    asynchronously (op "avg") as soon as every bucket before it has been launched. The
-    exchange reads dense contiguous CPU gradients where autograd left them
-    (``Communicator.all_reduce_gather``) and writes the averages into the bucket; other
-    gradients are copied into the bucket first.
+    ``backward_passes_per_step`` times, it is copied into its bucket; a full bucket is averaged
+    asynchronously (op "avg") as soon as every bucket before it has been launched.
 
-    ``gradient_as_bucket_view`` (default True): once its bucket's exchange is complete,
-    ``.grad`` becomes its view into the bucket, holding the average (autograd's tensor is
-    dropped then, during backward for every bucket but the last ones, so that backward reuses
-    its memory). It stays the view until the user replaces it or sets it to None; a ``.grad``
-    that already is its view is read in place, so ``zero_grad(set_to_none=False)`` windows
-    accumulate straight into the bucket. From the last backward pass of a window until
-    ``synchronize()`` the gradients are in flight: do not write them, read them only after
-    ``synchronize()`` (or ``step()``), and clone one to keep it past the next exchange. False:
-    the averages are copied into the ``.grad`` tensors autograd made.
+    ``gradient_as_bucket_view`` (default True): once a gradient is copied into its bucket,
+    ``.grad`` becomes its view into the bucket (autograd's tensor is freed at once, so the next
+    backward reuses its memory), and after the exchange it holds the average (no copy back). It
+    stays the view until the user replaces it or sets it to None; a ``.grad`` that already is
+    its view is not copied, so ``zero_grad(set_to_none=False)`` windows accumulate straight into
+    the bucket. Between the copy and ``synchronize()`` the view is in flight: read gradients
+    only after ``synchronize()`` (or ``step()``), and clone one to keep it past the next
+    exchange. False: the averages are copied into the ``.grad`` tensors autograd made.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``

@@ -1,5 +1,4 @@
-"""The collective matrix: world {1..5} x transport {shm, tcp} x count x dtype x op x placement,
-and all_reduce over gathered pieces.
+"""The collective matrix: world {1..5} x transport {shm, tcp} x count x dtype x op x placement.
 
 Each (world, transport) pair runs in one set of processes; inside, a ring communicator with a
 tiny segment_bytes forces the multi-segment path for the small and odd counts, and one with the
@@ -39,24 +38,6 @@ def _all_reduce_cases(comm, rank, world, counts, bad, tag):
                 _check(bad, f"{tag} out-of-place all_reduce {op} {dtype} n={count}", out, want)
                 _check(bad, f"{tag} input kept {op} {dtype} n={count}", x,
                        rank_input(op, rank, count, dtype))
-
-
-def _gather_cases(comm, rank, world, counts, bad, tag):
-    """all_reduce_gather over pieces: copies, an empty one, and one that is its own slice of
-    out (in place)."""
-    for count in counts:
-        a, b = count // 3, 2 * count // 3
-        for dtype in DTYPES:
-            for op in ("sum", "avg", "max"):
-                x = rank_input(op, rank, count, dtype)
-                out = torch.full_like(x, 9)
-                out[a:b] = x[a:b]
-                head, tail = x[:a].clone(), x[b:].clone()
-                comm.all_reduce_gather([head, x[:0], out[a:b], tail], out, op=op)
-                _check(bad, f"{tag} all_reduce_gather {op} {dtype} n={count}", out,
-                       expected(op, world, count, dtype))
-                _check(bad, f"{tag} gather input kept {op} {dtype} n={count}",
-                       torch.cat([head, tail]), torch.cat([x[:a], x[b:]]))
 
 
 def _other_cases(comm, rank, world, bad):
@@ -121,7 +102,6 @@ def matrix_body(rank, world, store, transport):
         if world > 1:
             assert tiny.transport((rank + 1) % world) == transport
         _all_reduce_cases(tiny, rank, world, counts_for(world), bad, "seg=128")
-        _gather_cases(tiny, rank, world, counts_for(world), bad, "seg=128")
         _other_cases(tiny, rank, world, bad)
         _async_cases(tiny, rank, world, bad)
         a = np.full(7, rank + 1, dtype=np.int32)
@@ -131,7 +111,6 @@ def matrix_body(rank, world, store, transport):
     with pyring.init(rank, world, store, transport=transport, set_default=False) as big:
         # auto: the direct algorithm for the small counts, the ring for the large one.
         _all_reduce_cases(big, rank, world, counts_for(world) + [LARGE], bad, "auto")
-        _gather_cases(big, rank, world, counts_for(world) + [LARGE], bad, "auto")
     return bad
 
 

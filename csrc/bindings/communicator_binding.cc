@@ -164,24 +164,6 @@ void register_communicator(py::module_& m) {
              return launch(c, async_op, desc_of("all_reduce", vi, op),
                            [&c, vi, vo, rop](Deadline d) { allreduce(c, vi, vo, rop, d); });
            })
-      .def("all_reduce_gather",
-           [](Communicator& c, const std::vector<uintptr_t>& ptrs,
-              const std::vector<size_t>& counts, uintptr_t out, int dtype, int op, bool async_op) {
-             PYRING_CHECK_ARG(ptrs.size() == counts.size(), "all_reduce_gather: ", ptrs.size(),
-                              " addresses but ", counts.size(), " counts");
-             GatherView gi;
-             gi.dtype = dtype_from_int(dtype);
-             for (size_t k = 0; k < ptrs.size(); ++k) {
-               gi.data.push_back(reinterpret_cast<const uint8_t*>(ptrs[k]));
-               gi.starts.push_back(gi.starts.back() + counts[k]);
-             }
-             BufferView vo = view(out, gi.count(), dtype);
-             ReduceOp rop = op_from_int(op);
-             CollectiveDesc d = desc_of("all_reduce", vo, op);
-             return launch(c, async_op, d, [&c, gi = std::move(gi), vo, rop](Deadline dl) {
-               allreduce(c, gi, vo, rop, dl);
-             });
-           })
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
               bool async_op) {

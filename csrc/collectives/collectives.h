@@ -9,25 +9,20 @@
 
 namespace pyring {
 
-// out = op over ranks of in. in and out have the same count and dtype. A piece of in is either
-// the very elements of out it stands for (in place) or does not overlap out at all.
-// Ring: reduce-scatter then allgather, each chunk cut into segments and pipelined.
-void ring_allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+// out = op over ranks of in. in and out have the same count and dtype and may be the same
+// buffer. Ring: reduce-scatter then allgather, each chunk cut into segments and pipelined.
+void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline);
 
 // Every rank's input travels the ring, then each rank reduces locally in rank order: half the
 // dependent hops of the ring, for small messages.
-void direct_allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                       Deadline deadline);
 
 // Dispatches on Options::algo: auto picks direct up to kDirectMaxBytes, ring above.
 constexpr size_t kDirectMaxBytes = 16 << 10;
-void allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                Deadline deadline);
-inline void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
-                      Deadline deadline) {
-  allreduce(comm, GatherView::of(in), out, op, deadline);
-}
 
 // out (count m) = op over ranks of chunk `rank` of in (count size * m). out may be that chunk.
 void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,

@@ -14,32 +14,27 @@
 
 namespace pyring {
 
-void direct_allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                       Deadline deadline) {
   const int n = comm.size();
   const int r = comm.rank();
   const DType dtype = in.dtype;
-  const size_t count = in.count();
-  if (count == 0) return;
+  if (in.count == 0) return;
   if (n == 1) {
-    in.for_runs(0, count, [&](const uint8_t* p, size_t e, size_t len) {
-      finish_single(dtype, p, out.at(e), len);
-    });
+    finish_single(dtype, in.data, out.data, in.count);
     return;
   }
   const size_t bytes = in.bytes();
   const DType acc_type = accum_dtype(dtype);
-  uint8_t* gathered = comm.scratch(bytes * static_cast<size_t>(n) + count * dtype_size(acc_type));
+  uint8_t* gathered =
+      comm.scratch(bytes * static_cast<size_t>(n) + in.count * dtype_size(acc_type));
   uint8_t* acc = gathered + bytes * static_cast<size_t>(n);
   auto slot = [&](long k) { return gathered + ring_index(k, n) * bytes; };
   Link& left = comm.left();
   Link& right = comm.right();
-  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, count);
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count);
   header.post(&left, &right, r);
-  const size_t esz = dtype_size(dtype);
-  in.for_runs(0, count, [&](const uint8_t* p, size_t e, size_t len) {
-    std::memcpy(slot(r) + e * esz, p, len * esz);
-  });
+  std::memcpy(slot(r), in.data, bytes);
   right.post_send(slot(r), bytes);
   for (int s = 0; s < n - 1; ++s) {
     RecvSpec spec;
@@ -54,12 +49,12 @@ void direct_allreduce(Communicator& comm, const GatherView& in, const BufferView
   }
   drive({&left, &right}, deadline, comm.spin_us());
 
-  widen(dtype, slot(0), acc, count);
-  for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, slot(k), acc, acc, count);
-  reduce_finish(dtype, op, slot(n - 1), acc, out.data, count, n);
+  widen(dtype, slot(0), acc, in.count);
+  for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, slot(k), acc, acc, in.count);
+  reduce_finish(dtype, op, slot(n - 1), acc, out.data, in.count, n);
 }
 
-void allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                Deadline deadline) {
   switch (comm.options().algo) {
     case Algo::kAuto:

@@ -20,43 +20,38 @@
 
 namespace pyring {
 
-void ring_allreduce(Communicator& comm, const GatherView& in, const BufferView& out, ReduceOp op,
+void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline) {
   const int n = comm.size();
   const int r = comm.rank();
   const DType dtype = in.dtype;
-  const size_t count = in.count();
-  if (count == 0) return;
+  if (in.count == 0) return;
   if (n == 1) {
-    in.for_runs(0, count, [&](const uint8_t* p, size_t e, size_t len) {
-      finish_single(dtype, p, out.at(e), len);
-    });
+    finish_single(dtype, in.data, out.data, in.count);
     return;
   }
   const DType acc_type = accum_dtype(dtype);
   const size_t esz = dtype_size(dtype);
   const size_t asz = dtype_size(acc_type);
-  const Chunks chunks{count, static_cast<size_t>(n)};
+  const Chunks chunks{in.count, static_cast<size_t>(n)};
   // Partial results live in `out` when they have the caller's type, else in float32 scratch.
-  uint8_t* acc = acc_type == dtype ? static_cast<uint8_t*>(out.data) : comm.scratch(count * asz);
+  uint8_t* acc = acc_type == dtype ? static_cast<uint8_t*>(out.data) : comm.scratch(in.count * asz);
   auto acc_at = [&](size_t elem) { return acc + elem * asz; };
   Link& left = comm.left();
   Link& right = comm.right();
-  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, count);
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count);
   header.post(&left, &right, r);
 
   // Step 0 sends this rank's own input chunk, in the accumulation type.
   {
     size_t c = static_cast<size_t>(r);
     size_t off = chunks.offset(c), len = chunks.size(c);
+    const uint8_t* src = in.at(off);
     if (acc_type != dtype) {
-      in.for_runs(off, len,
-                  [&](const uint8_t* p, size_t e, size_t l) { widen(dtype, p, acc_at(e), l); });
-      right.post_send(acc_at(off), len * asz);
-    } else {
-      in.for_runs(off, len,
-                  [&](const uint8_t* p, size_t, size_t l) { right.post_send(p, l * asz); });
+      widen(dtype, src, acc_at(off), len);
+      src = acc_at(off);
     }
+    right.post_send(src, len * asz);
   }
 
   for (int s = 0; s < n - 1; ++s) {
@@ -70,17 +65,11 @@ void ring_allreduce(Communicator& comm, const GatherView& in, const BufferView& 
                    " bytes at offset ", off, " from rank ", left.peer(),
                    " is not a whole number of ", dtype_name(acc_type), " elements");
       size_t e = base + off / asz, cnt = len / asz;
-      in.for_runs(e, cnt, [&](const uint8_t* p, size_t e2, size_t l) {
-        const uint8_t* theirs = data + (e2 - e) * asz;
-        if (last) {
-          reduce_finish(dtype, op, p, theirs, out.at(e2), l, n);
-        } else {
-          reduce_accumulate(dtype, op, p, theirs, acc_at(e2), l);
-        }
-      });
       if (last) {
+        reduce_finish(dtype, op, in.at(e), data, out.at(e), cnt, n);
         right.post_send(out.at(e), cnt * esz);
       } else {
+        reduce_accumulate(dtype, op, in.at(e), data, acc_at(e), cnt);
         right.post_send(acc_at(e), cnt * asz);
       }
     };

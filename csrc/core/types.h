@@ -1,11 +1,9 @@
 // Element types, reduction ops and deadlines shared by every layer.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace pyring {
 
@@ -65,42 +63,6 @@ struct BufferView {
 
   size_t bytes() const { return count * dtype_size(dtype); }
   uint8_t* at(size_t elem) const { return static_cast<uint8_t*>(data) + elem * dtype_size(dtype); }
-};
-
-// An input whose elements lie in several buffers, one after another in element order: piece k
-// holds elements [starts[k], starts[k + 1]) at data[k]. Pieces may be empty. The caller keeps
-// every piece alive and unchanged until the collective completes.
-struct GatherView {
-  std::vector<const uint8_t*> data;
-  std::vector<size_t> starts{0};  // data.size() + 1 entries, from 0 up to count()
-  DType dtype = DType::kFloat32;
-
-  static GatherView of(const BufferView& v) {
-    GatherView g;
-    g.data = {static_cast<const uint8_t*>(v.data)};
-    g.starts = {0, v.count};
-    g.dtype = v.dtype;
-    return g;
-  }
-  size_t count() const { return starts.back(); }
-  size_t bytes() const { return count() * dtype_size(dtype); }
-
-  // Calls fn(ptr, elem, len) for each contiguous run of the elements [elem, elem + cnt), in
-  // order; ptr addresses element `elem` of the run.
-  template <class Fn>
-  void for_runs(size_t elem, size_t cnt, Fn&& fn) const {
-    if (cnt == 0) return;
-    const size_t esz = dtype_size(dtype);
-    auto after = std::upper_bound(starts.begin(), starts.end(), elem);
-    size_t k = static_cast<size_t>(after - starts.begin()) - 1;
-    for (; cnt > 0; ++k) {
-      size_t len = std::min(cnt, starts[k + 1] - elem);
-      if (len == 0) continue;
-      fn(data[k] + (elem - starts[k]) * esz, elem, len);
-      elem += len;
-      cnt -= len;
-    }
-  }
 };
 
 inline void cpu_relax() {

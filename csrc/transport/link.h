@@ -2,9 +2,7 @@
 //
 // Contract:
 // - Sends and receives are queued and complete in the order they were posted, per direction.
-//   Each direction is a byte stream: a receive takes the next `bytes` bytes sent, however the
-//   sends were cut (a zero-byte send or receive is a no-op). Both ends must agree on the
-//   total; when every send holds whole elements, so does every piece handed to on_piece.
+//   Both ends must post the same sequence of message sizes; a zero-byte message is a no-op.
 // - A Link is driven by one thread at a time (the thread running the current collective):
 //   post_*() only queue, progress() moves bytes without blocking.
 // - Memory passed to post_send() must stay valid and unchanged until idle() is true.
