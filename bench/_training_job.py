@@ -1,15 +1,14 @@
-"""One job of bench/training.py: two spawned ranks that measure one sync method in every mode,
-interleaved in blocks so that the machine's drift (seconds to minutes on a shared VM) hits
-every mode alike.
+"""One job of bench/training.py: two spawned ranks that measure every sync method in every
+mode, interleaved in blocks, so that the machine's drift (seconds to minutes on a shared VM)
+hits every method and mode alike and ratios are taken side by side.
 
 Modes (each block runs every mode once, in an order rotated per block):
-  x2        the method at 2 ranks
-  x1        the method at 1 rank: rank 0 alone, on a 1-rank communicator or process group of
-            its own, while rank 1 sleeps in a store wait
-  compute2  the bare model (AdamW, no communication) on both ranks side by side
-  compute1  the bare model on rank 0 alone
-  alone2    one allreduce of a flat tensor of the gradients' size on both ranks, with the
-            method's library and nothing else running
+  <method> x2     the method at 2 ranks
+  <method> x1     the method at 1 rank: rank 0 alone, on a 1-rank communicator or process
+                  group of its own, while rank 1 sleeps in a store wait
+  compute x2/x1   the bare model (AdamW, no communication) on both ranks / on rank 0 alone
+  alone-<lib> x2  one allreduce of a flat tensor of the gradients' size on both ranks, with
+                  pyring (avg) or gloo (sum) and nothing else running
 Each mode has its own model and optimizer (all from the same seed). The first iteration of a
 mode in each block is untimed (it runs on caches the other modes left), and so are the
 --warmup blocks.
@@ -29,8 +28,11 @@ import train  # examples/train.py: model, launcher
 
 import pyring
 
-MODES = ("x2", "x1", "compute2", "compute1", "alone2")
-PAIR_MODES = ("x2", "compute2", "alone2")  # both ranks run them
+
+def modes_for(methods: list[str]) -> list[str]:
+    out = [f"{m} x{w}" for m in methods for w in (2, 1)]
+    libs = sorted({"gloo" if "gloo" in m else "pyring" for m in methods})
+    return out + ["compute x2", "compute x1"] + [f"alone-{lib} x2" for lib in libs]
 
 
 def _build(method: str, cfg: dict[str, Any], comm: Any = None, group: Any = None
@@ -54,7 +56,7 @@ def _meet(store: Any, key: str, rank: int, ranks: int) -> None:
     store.wait([f"{key}/{r}" for r in range(ranks)])
 
 
-def worker(rank: int, world: int, port: int, method: str, cfg: dict[str, Any]) -> None:
+def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, Any]) -> None:
     """One rank; leaves {"modes": {mode: {"times": [...], "waits": [...]}}, "params": n} in
     the store under result/<rank>."""
     train.watch_parent()
@@ -66,37 +68,40 @@ def worker(rank: int, world: int, port: int, method: str, cfg: dict[str, Any]) -
     timeout = cfg["timeout"]
     td = datetime.timedelta(seconds=timeout)
     store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=td)
-    comm = solo = None
-    if method == "pyring":
-        comm = pyring.init(rank, world, dist.PrefixStore("pair", store), timeout=timeout)
-        if rank == 0:
-            solo = pyring.init(0, 1, dist.PrefixStore("solo", store), timeout=timeout,
-                               set_default=False)
-        setups = {"x2": _build(method, cfg, comm=comm)}
-        if rank == 0:
-            setups["x1"] = _build(method, cfg, comm=solo)
-    else:
-        backend = "pyring" if method.startswith("ddp-pyring") else "gloo"
-        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
-                                world_size=world, timeout=td)
-        group1 = dist.new_group([0])  # every rank takes part in creating it
-        setups = {"x2": _build(method, cfg)}
-        if rank == 0:
-            setups["x1"] = _build(method, cfg, group=group1)
-    setups["compute2"] = _build("compute", cfg)
-    if rank == 0:
-        setups["compute1"] = setups["compute2"]
-    n = sum(p.numel() for p in setups["compute2"][0].parameters())
-    flat = torch.ones(n)
+    # Every rank creates every group, in the same order (torch.distributed requires it).
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=world, timeout=td)
+    groups = {("gloo", 2): None, ("gloo", 1): dist.new_group([0], backend="gloo")}
+    if any(m.startswith("ddp-pyring") for m in methods):
+        groups[("pyring", 2)] = dist.new_group(backend="pyring")
+        groups[("pyring", 1)] = dist.new_group([0], backend="pyring")
+    comm = pyring.init(rank, world, dist.PrefixStore("pair", store), timeout=timeout)
+    solo = (pyring.init(0, 1, dist.PrefixStore("solo", store), timeout=timeout,
+                        set_default=False) if rank == 0 else None)
 
+    modes = modes_for(methods)
+    setups: dict[str, tuple[Any, Any]] = {}
+    for mode in modes:
+        method, ranks = mode.split(" x")[0], int(mode[-1])
+        if method.startswith("alone-") or (ranks == 1 and rank != 0):
+            continue
+        if method == "compute":
+            setups[mode] = _build(method, cfg)
+        elif method == "pyring":
+            setups[mode] = _build(method, cfg, comm=comm if ranks == 2 else solo)
+        else:
+            lib = "pyring" if method.startswith("ddp-pyring") else "gloo"
+            setups[mode] = _build(method, cfg, group=groups[(lib, ranks)])
+    n = sum(p.numel() for p in setups["compute x2"][0].parameters())
+    flat = torch.ones(n)
     gen = torch.Generator().manual_seed(rank)
     shape = (cfg["batch"], cfg["seq"])
 
     def iteration(mode: str) -> tuple[float, float]:
-        """One timed iteration of `mode`: (seconds, seconds waited in synchronize())."""
-        if mode == "alone2":
+        """One iteration of `mode`: (seconds, seconds waited in synchronize())."""
+        if mode.startswith("alone-"):
             t0 = time.perf_counter()
-            if comm is not None:
+            if mode.startswith("alone-pyring"):
                 comm.all_reduce(flat, op="avg")
             else:
                 dist.all_reduce(flat)
@@ -108,37 +113,35 @@ def worker(rank: int, world: int, port: int, method: str, cfg: dict[str, Any]) -
         opt.zero_grad(set_to_none=True)
         net(x, y).backward()
         wait = 0.0
-        if method == "pyring" and mode in ("x1", "x2"):
+        if mode.startswith("pyring "):
             tw = time.perf_counter()
             opt.synchronize()
             wait = time.perf_counter() - tw
         opt.step()
         return time.perf_counter() - t0, wait
 
-    out: dict[str, dict[str, list[float]]] = {m: {"times": [], "waits": []} for m in MODES}
+    out: dict[str, dict[str, list[float]]] = {m: {"times": [], "waits": []} for m in modes}
     _meet(store, "ready", rank, world)
-    per_block = cfg["block"]
     for b in range(cfg["warmup"] + cfg["blocks"]):
         timed = b >= cfg["warmup"]
-        for k in range(len(MODES)):
-            mode = MODES[(b + k) % len(MODES)]
-            if mode in PAIR_MODES:
+        for k in range(len(modes)):
+            mode = modes[(b + k) % len(modes)]
+            alone = mode.endswith("x1")
+            if not alone:
                 _meet(store, f"go/{b}/{mode}", rank, world)
             elif rank != 0:  # rank 0 runs it alone; this rank sleeps until it is done
                 store.wait([f"done/{b}/{mode}"])
                 continue
-            for i in range(per_block + 1):
+            for i in range(cfg["block"] + 1):
                 t, w = iteration(mode)
                 if timed and i > 0:
                     out[mode]["times"].append(t)
                     out[mode]["waits"].append(w)
-            if mode not in PAIR_MODES:
+            if alone:
                 store.set(f"done/{b}/{mode}", "1")
     store.set(f"result/{rank}", json.dumps({"modes": out, "params": n}))
     _meet(store, "finished", rank, world)
-    if comm is not None:
-        pyring.destroy(comm)
-        if solo is not None:
-            pyring.destroy(solo)
-    elif dist.is_initialized():
-        dist.destroy_process_group()
+    pyring.destroy(comm)
+    if solo is not None:
+        pyring.destroy(solo)
+    dist.destroy_process_group()

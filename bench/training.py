@@ -14,12 +14,13 @@ Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M 
   ddp-gloo    the same DDP on gloo
   ddp-pyring-copy, ddp-gloo-copy: DDP with its defaults (gradients copied into the buckets
               and back)
-Each method runs as one job of two freshly spawned ranks (bench/_training_job.py) that
-interleave, block by block, the method at 2 ranks, the method at 1 rank (rank 0 alone, rank 1
-asleep), the bare model without communication at 2 and 1 rank(s), and one allreduce of the
-gradients' size alone. Interleaving every second or so cancels the shared machine's drift,
-which moves whole runs by 10-40%. --pin binds rank r, with all its threads, to core r (as
-mpirun's default --bind-to core for 2 ranks), for every method alike.
+Every round is one job of two freshly spawned ranks (bench/_training_job.py) that interleaves,
+block by block, every method at 2 ranks and at 1 rank (rank 0 alone, rank 1 asleep), the bare
+model without communication at 2 and 1 rank(s), and one allreduce of the gradients' size
+alone with each library. Interleaving every second or so cancels the shared machine's drift,
+which moves whole runs by 10-40%, so methods are compared side by side in one job. --pin
+binds rank r, with all its threads, to core r (as mpirun's default --bind-to core for 2
+ranks), for every method alike.
 A mode's step = the slowest rank's mean time over its timed iterations, i.e. 1 / throughput.
 The jobs run --rounds times; per-round figures, then their median over rounds, are reported.
 Every rank runs with glibc's heap trimming off (MALLOC_ENV; --default-malloc leaves it on), so
@@ -67,20 +68,20 @@ def _cpu() -> tuple[float, float, float]:
     return time.perf_counter(), (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), ours
 
 
-def run(method: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def run(methods: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
     """Spawns one job; returns its modes' figures, or {"status": "failed", "error": ...}."""
     t0, busy0, ours0 = _cpu()
     try:
-        store = train.launch(_training_job.worker, 2, (method, cfg), cfg["run_limit"])
+        store = train.launch(_training_job.worker, 2, (methods, cfg), cfg["run_limit"])
         ranks = [json.loads(store.get(f"result/{r}")) for r in range(2)]
-    except Exception as e:  # a failing or hanging method is reported; the others go on
+    except Exception as e:  # reported; the other rounds go on
         lines = [ln for ln in str(e).splitlines() if re.match(r"^[\w.]+(Error|Exception|"
                                                              r"Timeout)\b", ln)]
         msg = lines[-1] if lines else f"{type(e).__name__}: {str(e).strip()[:300]}"
-        print(f"  {method}: FAILED ({msg})", flush=True)
+        print(f"  FAILED ({msg})", flush=True)
         return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
     modes = {}
-    for mode in _training_job.MODES:
+    for mode in _training_job.modes_for(methods):
         runs = [r["modes"][mode] for r in ranks if r["modes"][mode]["times"]]
         modes[mode] = {"ranks": len(runs),
                        "step_s": max(statistics.fmean(r["times"]) for r in runs),
@@ -94,10 +95,10 @@ def run(method: str, cfg: dict[str, Any]) -> dict[str, Any]:
     out = {"status": "ok", "modes": modes, "params": ranks[0]["params"], "wall_s": t1 - t0,
            # cores' worth of CPU that other processes used while this job ran (approximate)
            "foreign_cores": max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0)}
-    print(f"  {method:16s} " + "  ".join(f"{m} {v['step_s'] * 1e3:.1f}" for m, v in
-                                         modes.items())
-          + f" ms ({out['wall_s']:.0f} s; other processes used {out['foreign_cores']:.2f} "
-          "cores meanwhile)", flush=True)
+    for mode, v in modes.items():
+        print(f"  {mode:22s} {v['step_s'] * 1e3:8.1f} ms", flush=True)
+    print(f"  ({out['wall_s']:.0f} s; other processes used {out['foreign_cores']:.2f} cores "
+          "meanwhile)", flush=True)
     return out
 
 
@@ -105,32 +106,27 @@ def _med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def per_round(job: dict[str, Any], gloo: dict[str, Any] | None) -> dict[str, float | None]:
-    """One job's figures; `gloo` is the same round's DDP-on-gloo job to compare with."""
+def per_round(job: dict[str, Any], method: str) -> dict[str, float | None]:
+    """One method's figures from one job."""
     m = {k: v["step_s"] for k, v in job["modes"].items()}
-    exposed = m["x2"] - m["compute2"]
-    out: dict[str, float | None] = {
-        "step_1_s": m["x1"], "step_2_s": m["x2"], "compute_1_s": m["compute1"],
-        "compute_2_s": m["compute2"], "alone_s": m["alone2"],
-        "scaling_efficiency": m["x1"] / m["x2"], "exposed_s": exposed,
-        "hidden_fraction": min(1.0, max(0.0, 1 - exposed / m["alone2"])),
-        "sync_wait_s": job["modes"]["x2"].get("sync_wait_median_s"),
-        "ddp_gloo_step_over_this": None, "ddp_gloo_step_over_this_normalized": None}
-    if gloo is not None and gloo.get("status") == "ok":
-        g = {k: v["step_s"] for k, v in gloo["modes"].items()}
-        out["ddp_gloo_step_over_this"] = g["x2"] / m["x2"]
-        out["ddp_gloo_step_over_this_normalized"] = (g["x2"] / g["compute2"]) / (
-            m["x2"] / m["compute2"])
-    return out
+    s1, s2, c2 = m[f"{method} x1"], m[f"{method} x2"], m["compute x2"]
+    alone = m["alone-gloo x2" if "gloo" in method else "alone-pyring x2"]
+    exposed = s2 - c2
+    gloo = m.get(f"{GLOO_PEER[method]} x2")
+    return {"step_1_s": s1, "step_2_s": s2, "compute_1_s": m["compute x1"], "compute_2_s": c2,
+            "compute_scaling": m["compute x1"] / c2, "alone_s": alone,
+            "scaling_efficiency": s1 / s2, "exposed_s": exposed,
+            "hidden_fraction": min(1.0, max(0.0, 1 - exposed / alone)),
+            "sync_wait_s": job["modes"][f"{method} x2"].get("sync_wait_median_s"),
+            "ddp_gloo_step_over_this": gloo / s2 if gloo else None}
 
 
-def summarize(rounds: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def summarize(jobs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
     """A row per method: the median over rounds of every per-round figure, and the rounds."""
+    ok = [j for j in jobs if j.get("status") == "ok"]
     rows = []
-    for method, jobs in rounds.items():
-        peer = rounds.get(GLOO_PEER[method], [])
-        per = [per_round(j, peer[i] if i < len(peer) else None)
-               for i, j in enumerate(jobs) if j.get("status") == "ok"]
+    for method in methods:
+        per = [per_round(j, method) for j in ok]
         row: dict[str, Any] = {"method": method, "rounds_ok": len(per),
                                "rounds_failed": len(jobs) - len(per)}
         for key in (per[0] if per else {}):
@@ -159,8 +155,8 @@ def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
           f"{'; ranks pinned to cores' if cfg['pin'] else ''}")
     cols = [("step 1r", "step_1_s", _ms), ("step 2r", "step_2_s", _ms),
             ("scaling", "scaling_efficiency", _pct), ("vs gloo", "ddp_gloo_step_over_this", _x),
-            ("vs gloo n", "ddp_gloo_step_over_this_normalized", _x),
-            ("comp 2r", "compute_2_s", _ms), ("alone", "alone_s", _ms),
+            ("comp 2r", "compute_2_s", _ms), ("comp sc", "compute_scaling", _pct),
+            ("alone", "alone_s", _ms),
             ("exposed", "exposed_s", _ms), ("hidden", "hidden_fraction", _pct)]
     hdr = f"{'method':15s}" + "".join(f"{c:>10s}" for c, _, _ in cols)
     print(hdr + "\n" + "-" * len(hdr))
@@ -183,13 +179,13 @@ DEFINITIONS = {
             "AdamW step), i.e. 1 / throughput; median over rounds",
     "scaling": "step(1 rank) / step(2 ranks) = throughput(2) / (2 x throughput(1)), same job "
                "(interleaved), per round; median over rounds",
-    "vs gloo": "step(ddp-gloo[-copy], 2 ranks) / step(method, 2 ranks), same round; above 1 "
-               "is faster than DDP on gloo",
-    "vs gloo n": "the same with each step divided by its own job's compute(2 ranks), which "
-                 "cancels the drift between the two jobs",
-    "comp 2r": "the bare model (no communication) on 2 ranks, in the method's job",
+    "vs gloo": "step(ddp-gloo[-copy], 2 ranks) / step(method, 2 ranks), same job; above 1 is "
+               "faster than DDP on gloo",
+    "comp 2r": "the bare model (no communication) on 2 ranks",
+    "comp sc": "the bare model's scaling, compute(1 rank) / compute(2 ranks): the ceiling "
+               "that sharing the machine's memory and caches leaves to every method",
     "alone": "one allreduce of a flat float32 tensor of the gradients' size, 2 ranks, with the "
-             "method's library (pyring's avg for the optimizer hook), in the method's job",
+             "method's library (pyring's avg for pyring's methods, gloo's sum for DDP on gloo)",
     "exposed": "step(2 ranks) - comp 2r",
     "hidden": "1 - exposed / alone, clipped to [0, 1]",
 }
@@ -202,7 +198,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
-    p.add_argument("--blocks", type=int, default=4, help="timed blocks per job")
+    p.add_argument("--blocks", type=int, default=6, help="timed blocks per job")
     p.add_argument("--block", type=int, default=3,
                    help="timed iterations per mode and block (after one untimed)")
     p.add_argument("--warmup", type=int, default=1, help="untimed blocks per job")
@@ -236,25 +232,24 @@ def main() -> None:
     if load0[0] > 1.5:
         print(f"warning: load average {load0[0]:.2f} at start: timings are not trustworthy")
     t0 = time.perf_counter()
-    rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    jobs = []
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
-        for m in methods:
-            rounds[m].append(run(m, cfg))
-    ok = [j for js in rounds.values() for j in js if j.get("status") == "ok"]
+        jobs.append(run(methods, cfg))
+    ok = [j for j in jobs if j.get("status") == "ok"]
     cfg["params"] = ok[0]["params"] if ok else 0
-    rows = summarize(rounds)
+    rows = summarize(jobs, methods)
     print_table(rows, cfg)
     tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.tag)
     out = Path(args.out) if args.out else BENCH_DIR / "results" / f"training_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "training", "command": sys.argv, "config": cfg, "machine": describe(),
            "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-           "wall_s": time.perf_counter() - t0, "rounds": rounds, "summary": rows,
+           "wall_s": time.perf_counter() - t0, "rounds": jobs, "summary": rows,
            "definitions": DEFINITIONS}
     out.write_text(json.dumps(doc, indent=1))
     print(f"\nwrote {out} ({doc['wall_s']:.0f} s)")
-    if len(ok) < sum(len(js) for js in rounds.values()):
+    if len(ok) < len(jobs):
         sys.exit(1)
 
 
