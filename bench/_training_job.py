@@ -28,6 +28,10 @@ import train  # examples/train.py: model, launcher
 
 import pyring
 
+# Per timed iteration: its time, then its phases (forward includes zero_grad; waits is the
+# time in pyring's synchronize(), 0 elsewhere; DDP waits for its buckets inside backward).
+FIELDS = ("times", "forward", "backward", "waits", "optimizer")
+
 
 def modes_for(methods: list[str]) -> list[str]:
     out = [f"{m} x{w}" for m in methods for w in (2, 1)]
@@ -57,7 +61,7 @@ def _meet(store: Any, key: str, rank: int, ranks: int) -> None:
 
 
 def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, Any]) -> None:
-    """One rank; leaves {"modes": {mode: {"times": [...], "waits": [...]}}, "params": n} in
+    """One rank; leaves {"modes": {mode: {field: [...] for field in FIELDS}}, "params": n} in
     the store under result/<rank>."""
     train.watch_parent()
     if cfg.get("pin"):  # this rank and every thread it starts (pyring's, gloo's) on one core
@@ -97,30 +101,33 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
     gen = torch.Generator().manual_seed(rank)
     shape = (cfg["batch"], cfg["seq"])
 
-    def iteration(mode: str) -> tuple[float, float]:
-        """One iteration of `mode`: (seconds, seconds waited in synchronize())."""
+    def iteration(mode: str) -> tuple[float, ...]:
+        """One iteration of `mode`: seconds in all, then in zero_grad + forward, backward,
+        synchronize() and the optimizer's step."""
         if mode.startswith("alone-"):
             t0 = time.perf_counter()
             if mode.startswith("alone-pyring"):
                 comm.all_reduce(flat, op="avg")
             else:
                 dist.all_reduce(flat)
-            return time.perf_counter() - t0, 0.0
+            return time.perf_counter() - t0, 0.0, 0.0, 0.0, 0.0
         net, opt = setups[mode]
         x = torch.randint(0, 256, shape, generator=gen)
         y = torch.randint(0, 256, shape, generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        net(x, y).backward()
-        wait = 0.0
+        loss = net(x, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = t3 = time.perf_counter()
         if mode.startswith("pyring "):
-            tw = time.perf_counter()
             opt.synchronize()
-            wait = time.perf_counter() - tw
+            t3 = time.perf_counter()
         opt.step()
-        return time.perf_counter() - t0, wait
+        t4 = time.perf_counter()
+        return t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
-    out: dict[str, dict[str, list[float]]] = {m: {"times": [], "waits": []} for m in modes}
+    out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in FIELDS} for m in modes}
     _meet(store, "ready", rank, world)
     for b in range(cfg["warmup"] + cfg["blocks"]):
         timed = b >= cfg["warmup"]
@@ -133,10 +140,10 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
                 store.wait([f"done/{b}/{mode}"])
                 continue
             for i in range(cfg["block"] + 1):
-                t, w = iteration(mode)
+                values = iteration(mode)
                 if timed and i > 0:
-                    out[mode]["times"].append(t)
-                    out[mode]["waits"].append(w)
+                    for k, v in zip(FIELDS, values):
+                        out[mode][k].append(v)
             if alone:
                 store.set(f"done/{b}/{mode}", "1")
     store.set(f"result/{rank}", json.dumps({"modes": out, "params": n}))

@@ -55,6 +55,7 @@ import train  # noqa: E402  examples/train.py: model, launcher
 MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 30), "MALLOC_MMAP_THRESHOLD_": str(4 << 30)}
 METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-pyring-copy", "ddp-gloo-copy")
 GLOO_PEER = {m: "ddp-gloo-copy" if m.endswith("-copy") else "ddp-gloo" for m in METHODS}
+PHASES = ("forward", "backward", "optimizer")
 
 
 def _cpu() -> tuple[float, float, float]:
@@ -87,6 +88,10 @@ def run(methods: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
                        "step_s": max(statistics.fmean(r["times"]) for r in runs),
                        "per_rank_mean_s": [statistics.fmean(r["times"]) for r in runs],
                        "times_per_rank_s": [r["times"] for r in runs]}
+        # Phases of the slowest rank (by mean time), medians over its iterations.
+        slow = max(runs, key=lambda r: statistics.fmean(r["times"]))
+        modes[mode]["phases_median_s"] = {k: statistics.median(slow[k]) for k in
+                                          ("forward", "backward", "waits", "optimizer")}
         if any(any(r["waits"]) for r in runs):
             modes[mode]["sync_waits_per_rank_s"] = [r["waits"] for r in runs]
             modes[mode]["sync_wait_median_s"] = statistics.median(
@@ -118,7 +123,10 @@ def per_round(job: dict[str, Any], method: str) -> dict[str, float | None]:
             "scaling_efficiency": s1 / s2, "exposed_s": exposed,
             "hidden_fraction": min(1.0, max(0.0, 1 - exposed / alone)),
             "sync_wait_s": job["modes"][f"{method} x2"].get("sync_wait_median_s"),
-            "ddp_gloo_step_over_this": gloo / s2 if gloo else None}
+            "ddp_gloo_step_over_this": gloo / s2 if gloo else None,
+            **{f"{k}_2_s": job["modes"][f"{method} x2"]["phases_median_s"][k] for k in PHASES},
+            **{f"compute_{k}_2_s": job["modes"]["compute x2"]["phases_median_s"][k]
+               for k in PHASES}}
 
 
 def summarize(jobs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
@@ -171,6 +179,16 @@ def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
         if r.get("sync_wait_s") is not None:
             print(f"{'':15s} synchronize() waited {_ms(r['sync_wait_s'])} ms per step (median, "
                   "slowest rank) for allreduces still in flight after backward")
+    ok = [r for r in rows if r["rounds_ok"]]
+    if ok:
+        print(f"\n2 ranks, per phase (ms; the slowest rank's median iteration, median over "
+              f"rounds)\n{'':15s}{'forward':>10s}{'backward':>10s}{'sync':>10s}{'optimizer':>10s}")
+        print(f"{'bare model':15s}" + "".join(f"{_ms(ok[0][f'compute_{k}_2_s']):>10s}"
+                                               for k in ("forward", "backward")) + f"{'':>10s}"
+              + f"{_ms(ok[0]['compute_optimizer_2_s']):>10s}")
+        for r in ok:
+            print(f"{r['method']:15s}{_ms(r['forward_2_s']):>10s}{_ms(r['backward_2_s']):>10s}"
+                  f"{_ms(r['sync_wait_s']):>10s}{_ms(r['optimizer_2_s']):>10s}")
     print("\n".join(f"{k} = {v}" for k, v in DEFINITIONS.items()))
 
 
@@ -188,6 +206,8 @@ DEFINITIONS = {
              "method's library (pyring's avg for pyring's methods, gloo's sum for DDP on gloo)",
     "exposed": "step(2 ranks) - comp 2r",
     "hidden": "1 - exposed / alone, clipped to [0, 1]",
+    "phases": "forward includes zero_grad; DDP waits for its buckets inside backward, pyring's "
+              "optimizer hook in synchronize() (sync)",
 }
 
 
