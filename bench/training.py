@@ -2,7 +2,7 @@
 """Training-step benchmark: pyring's optimizer hook vs DDP on the pyring backend vs DDP on
 gloo, side by side, at 1 and 2 local ranks (one torch thread per rank, fixed batch per rank).
 
-    PYTHONPATH=. python bench/training.py                   # ~8 minutes on 2 cores
+    PYTHONPATH=. python bench/training.py                   # ~6 minutes on 2 cores
     PYTHONPATH=. python bench/training.py --rounds 1 --blocks 1 --block 1 --dim 128 --layers 2
 
 Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M parameters,
