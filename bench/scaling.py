@@ -143,7 +143,7 @@ def run_rank(kind: str, rank: int, world: int, local_rank: int, store: Any,
     try:
         res = measure(kind, rank, world, local_rank, store, cfg)
     except Exception as e:  # reported by the parent
-        res = _failure(e)
+        res = failure(e)
         _KEEP.append(e)  # its traceback holds measure()'s frame: nothing is freed
     store.set(f"result/{rank}", json.dumps(res))
     try:
@@ -180,7 +180,7 @@ def summarize_run(ranks: list[dict[str, Any]], world: int, wall: float) -> dict[
     return out
 
 
-def _failure(e: BaseException) -> dict[str, Any]:
+def failure(e: BaseException) -> dict[str, Any]:
     text = f"{type(e).__name__}: {e}"
     lines = [ln for ln in text.splitlines() if re.match(r"^[\w.]+(Error|Exception|Timeout)\b", ln)]
     return {"status": "failed", "error": lines[-1] if lines else text.strip()[:300],
@@ -200,7 +200,7 @@ def run_spawned(kind: str, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         return gather(train.launch(_child, world, (kind, cfg), cfg["run_limit"]), world,
                       time.perf_counter() - t0)
     except Exception as e:  # the method is reported and skipped; the others go on
-        return _failure(e)
+        return failure(e)
 
 
 def run_torchrun(kinds: list[str], cfg: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import socket
 import statistics
@@ -48,6 +47,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import _training_job  # noqa: E402
 import train  # noqa: E402  examples/train.py: model, launcher
+from scaling import failure  # noqa: E402
 
 # Set for every rank of every run unless --default-malloc: glibc then never hands freed heap
 # memory back to the system, so a step's temporaries (AdamW's, autograd's) do not page-fault
@@ -76,22 +76,18 @@ def run(methods: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
         store = train.launch(_training_job.worker, 2, (methods, cfg), cfg["run_limit"])
         ranks = [json.loads(store.get(f"result/{r}")) for r in range(2)]
     except Exception as e:  # reported; the other rounds go on
-        lines = [ln for ln in str(e).splitlines() if re.match(r"^[\w.]+(Error|Exception|"
-                                                             r"Timeout)\b", ln)]
-        msg = lines[-1] if lines else f"{type(e).__name__}: {str(e).strip()[:300]}"
-        print(f"  FAILED ({msg})", flush=True)
-        return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+        res = failure(e)
+        print(f"  FAILED ({res['error']})", flush=True)
+        return res
     modes = {}
     for mode in _training_job.modes_for(methods):
         runs = [r["modes"][mode] for r in ranks if r["modes"][mode]["times"]]
-        modes[mode] = {"ranks": len(runs),
-                       "step_s": max(statistics.fmean(r["times"]) for r in runs),
-                       "per_rank_mean_s": [statistics.fmean(r["times"]) for r in runs],
-                       "times_per_rank_s": [r["times"] for r in runs]}
-        # Phases of the slowest rank (by mean time), medians over its iterations.
-        slow = max(runs, key=lambda r: statistics.fmean(r["times"]))
-        modes[mode]["phases_median_s"] = {k: statistics.median(slow[k]) for k in
-                                          ("forward", "backward", "waits", "optimizer")}
+        means = [statistics.fmean(r["times"]) for r in runs]
+        slow = runs[means.index(max(means))]  # its phases: medians over its iterations
+        modes[mode] = {"ranks": len(runs), "step_s": max(means), "per_rank_mean_s": means,
+                       "times_per_rank_s": [r["times"] for r in runs],
+                       "phases_median_s": {k: statistics.median(slow[k]) for k in
+                                           ("forward", "backward", "waits", "optimizer")}}
         if any(any(r["waits"]) for r in runs):
             modes[mode]["sync_waits_per_rank_s"] = [r["waits"] for r in runs]
             modes[mode]["sync_wait_median_s"] = statistics.median(
