@@ -7,6 +7,9 @@ Modes (each block runs every mode once, in an order rotated per block):
   <method> x1     the method at 1 rank: rank 0 alone, on a 1-rank communicator or process
                   group of its own, while rank 1 sleeps in a store wait
   compute x2/x1   the bare model (AdamW, no communication) on both ranks / on rank 0 alone
+  lockstep x2     the bare model on both ranks with one 1-element pyring allreduce after
+                  backward: the ranks meet once per step, as any synchronous method's must,
+                  but exchange no gradients
   alone-<lib> x2  one allreduce of a flat tensor of the gradients' size on both ranks, with
                   pyring (avg) or gloo (sum) and nothing else running
 Each mode has its own model and optimizer (all from the same seed). The first iteration of a
@@ -29,14 +32,16 @@ import train  # examples/train.py: model, launcher
 import pyring
 
 # Per timed iteration: its time, then its phases (forward includes zero_grad; waits is the
-# time in pyring's synchronize(), 0 elsewhere; DDP waits for its buckets inside backward).
+# time in pyring's synchronize() or lockstep's allreduce, 0 elsewhere; DDP waits for its
+# buckets inside backward).
 FIELDS = ("times", "forward", "backward", "waits", "optimizer")
 
 
 def modes_for(methods: list[str]) -> list[str]:
     out = [f"{m} x{w}" for m in methods for w in (2, 1)]
     libs = sorted({"gloo" if "gloo" in m else "pyring" for m in methods})
-    return out + ["compute x2", "compute x1"] + [f"alone-{lib} x2" for lib in libs]
+    return (out + ["compute x2", "compute x1", "lockstep x2"]
+            + [f"alone-{lib} x2" for lib in libs])
 
 
 def _build(method: str, cfg: dict[str, Any], comm: Any = None, group: Any = None
@@ -89,8 +94,8 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
         method, ranks = mode.split(" x")[0], int(mode[-1])
         if method.startswith("alone-") or (ranks == 1 and rank != 0):
             continue
-        if method == "compute":
-            setups[mode] = _build(method, cfg)
+        if method in ("compute", "lockstep"):
+            setups[mode] = _build("compute", cfg)
         elif method == "pyring":
             setups[mode] = _build(method, cfg, comm=comm if ranks == 2 else solo)
         else:
@@ -98,6 +103,7 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
             setups[mode] = _build(method, cfg, group=groups[(lib, ranks)])
     n = sum(p.numel() for p in setups["compute x2"][0].parameters())
     flat = torch.ones(n)
+    token = torch.zeros(1)
     gen = torch.Generator().manual_seed(rank)
     shape = (cfg["batch"], cfg["seq"])
 
@@ -122,6 +128,9 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
         t2 = t3 = time.perf_counter()
         if mode.startswith("pyring "):
             opt.synchronize()
+            t3 = time.perf_counter()
+        elif mode.startswith("lockstep "):
+            comm.all_reduce(token)
             t3 = time.perf_counter()
         opt.step()
         t4 = time.perf_counter()

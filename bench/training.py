@@ -16,7 +16,8 @@ Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M 
               and back)
 Every round is one job of two freshly spawned ranks (bench/_training_job.py) that interleaves,
 block by block, every method at 2 ranks and at 1 rank (rank 0 alone, rank 1 asleep), the bare
-model without communication at 2 and 1 rank(s), and one allreduce of the gradients' size
+model without communication at 2 and 1 rank(s), the bare model at 2 ranks meeting once per
+step (lockstep: a 1-element allreduce, no gradients), and one allreduce of the gradients' size
 alone with each library. Interleaving every second or so cancels the shared machine's drift,
 which moves whole runs by 10-40%, so methods are compared side by side in one job. --pin
 binds rank r, with all its threads, to core r (as mpirun's default --bind-to core for 2
@@ -114,15 +115,18 @@ def per_round(job: dict[str, Any], method: str) -> dict[str, float | None]:
     alone = m["alone-gloo x2" if "gloo" in method else "alone-pyring x2"]
     exposed = s2 - c2
     gloo = m.get(f"{GLOO_PEER[method]} x2")
+    lock = m.get("lockstep x2")
     return {"step_1_s": s1, "step_2_s": s2, "compute_1_s": m["compute x1"], "compute_2_s": c2,
-            "compute_scaling": m["compute x1"] / c2, "alone_s": alone,
+            "compute_scaling": m["compute x1"] / c2, "lockstep_2_s": lock,
+            "lockstep_scaling": m["compute x1"] / lock if lock else None, "alone_s": alone,
             "scaling_efficiency": s1 / s2, "exposed_s": exposed,
             "hidden_fraction": min(1.0, max(0.0, 1 - exposed / alone)),
             "sync_wait_s": job["modes"][f"{method} x2"].get("sync_wait_median_s"),
             "ddp_gloo_step_over_this": gloo / s2 if gloo else None,
             **{f"{k}_2_s": job["modes"][f"{method} x2"]["phases_median_s"][k] for k in PHASES},
-            **{f"compute_{k}_2_s": job["modes"]["compute x2"]["phases_median_s"][k]
-               for k in PHASES}}
+            **{f"{name}_{k}_2_s": job["modes"][f"{name} x2"]["phases_median_s"][k]
+               for name in ("compute", "lockstep") if f"{name} x2" in job["modes"]
+               for k in (*PHASES, "waits")}}
 
 
 def summarize(jobs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
@@ -160,6 +164,7 @@ def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
     cols = [("step 1r", "step_1_s", _ms), ("step 2r", "step_2_s", _ms),
             ("scaling", "scaling_efficiency", _pct), ("vs gloo", "ddp_gloo_step_over_this", _x),
             ("comp 2r", "compute_2_s", _ms), ("comp sc", "compute_scaling", _pct),
+            ("lock sc", "lockstep_scaling", _pct),
             ("alone", "alone_s", _ms),
             ("exposed", "exposed_s", _ms), ("hidden", "hidden_fraction", _pct)]
     hdr = f"{'method':15s}" + "".join(f"{c:>10s}" for c, _, _ in cols)
@@ -177,11 +182,19 @@ def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
                   "slowest rank) for allreduces still in flight after backward")
     ok = [r for r in rows if r["rounds_ok"]]
     if ok:
+        print(f"{'bare model':15s} comp sc per round: "
+              + ", ".join(_pct(e) for e in ok[0]["compute_scaling_rounds"])
+              + "; lock sc per round: "
+              + ", ".join(_pct(e) for e in ok[0].get("lockstep_scaling_rounds", [])))
         print(f"\n2 ranks, per phase (ms; the slowest rank's median iteration, median over "
               f"rounds)\n{'':15s}{'forward':>10s}{'backward':>10s}{'sync':>10s}{'optimizer':>10s}")
         print(f"{'bare model':15s}" + "".join(f"{_ms(ok[0][f'compute_{k}_2_s']):>10s}"
                                                for k in ("forward", "backward")) + f"{'':>10s}"
               + f"{_ms(ok[0]['compute_optimizer_2_s']):>10s}")
+        if ok[0].get("lockstep_forward_2_s") is not None:
+            print(f"{'lockstep':15s}" + "".join(f"{_ms(ok[0][f'lockstep_{k}_2_s']):>10s}"
+                                                 for k in ("forward", "backward", "waits",
+                                                           "optimizer")))
         for r in ok:
             print(f"{r['method']:15s}{_ms(r['forward_2_s']):>10s}{_ms(r['backward_2_s']):>10s}"
                   f"{_ms(r['sync_wait_s']):>10s}{_ms(r['optimizer_2_s']):>10s}")
@@ -198,6 +211,10 @@ DEFINITIONS = {
     "comp 2r": "the bare model (no communication) on 2 ranks",
     "comp sc": "the bare model's scaling, compute(1 rank) / compute(2 ranks): the ceiling "
                "that sharing the machine's memory and caches leaves to every method",
+    "lock sc": "the bare model's scaling when its ranks meet once per step (one 1-element "
+               "pyring allreduce after backward, no gradients exchanged): compute(1 rank) / "
+               "lockstep(2 ranks), the ceiling that synchronous steps leave to every method, "
+               "however fast its exchange",
     "alone": "one allreduce of a flat float32 tensor of the gradients' size, 2 ranks, with the "
              "method's library (pyring's avg for pyring's methods, gloo's sum for DDP on gloo)",
     "exposed": "step(2 ranks) - comp 2r",
