@@ -30,6 +30,7 @@ import torch.distributed as dist
 import train  # examples/train.py: model, launcher
 
 import pyring
+from pyring.rendezvous import store_barrier
 
 # Per timed iteration: its time, then its phases (forward includes zero_grad; waits is the
 # time in pyring's synchronize() or lockstep's allreduce, 0 elsewhere; DDP waits for its
@@ -60,11 +61,6 @@ def _build(method: str, cfg: dict[str, Any], comm: Any = None, group: Any = None
     return net, opt
 
 
-def _meet(store: Any, key: str, rank: int, ranks: int) -> None:
-    store.set(f"{key}/{rank}", "1")
-    store.wait([f"{key}/{r}" for r in range(ranks)])
-
-
 def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, Any]) -> None:
     """One rank; leaves {"modes": {mode: {field: [...] for field in FIELDS}}, "params": n} in
     the store under result/<rank>."""
@@ -75,6 +71,7 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
     torch.set_num_threads(1)
     assert world == 2, "a training job has two ranks"
     timeout = cfg["timeout"]
+    everyone = list(range(world))
     td = datetime.timedelta(seconds=timeout)
     store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=td)
     # Every rank creates every group, in the same order (torch.distributed requires it).
@@ -137,14 +134,14 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
         return t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
     out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in FIELDS} for m in modes}
-    _meet(store, "ready", rank, world)
+    store_barrier(store, "ready", rank, everyone, timeout)
     for b in range(cfg["warmup"] + cfg["blocks"]):
         timed = b >= cfg["warmup"]
         for k in range(len(modes)):
             mode = modes[(b + k) % len(modes)]
             alone = mode.endswith("x1")
             if not alone:
-                _meet(store, f"go/{b}/{mode}", rank, world)
+                store_barrier(store, f"go/{b}/{mode}", rank, everyone, timeout)
             elif rank != 0:  # rank 0 runs it alone; this rank sleeps until it is done
                 store.wait([f"done/{b}/{mode}"])
                 continue
@@ -156,7 +153,7 @@ def worker(rank: int, world: int, port: int, methods: list[str], cfg: dict[str, 
             if alone:
                 store.set(f"done/{b}/{mode}", "1")
     store.set(f"result/{rank}", json.dumps({"modes": out, "params": n}))
-    _meet(store, "finished", rank, world)
+    store_barrier(store, "finished", rank, everyone, timeout)
     pyring.destroy(comm)
     if solo is not None:
         pyring.destroy(solo)

@@ -115,18 +115,18 @@ def per_round(job: dict[str, Any], method: str) -> dict[str, float | None]:
     alone = m["alone-gloo x2" if "gloo" in method else "alone-pyring x2"]
     exposed = s2 - c2
     gloo = m.get(f"{GLOO_PEER[method]} x2")
-    lock = m.get("lockstep x2")
+    lock = m["lockstep x2"]
     return {"step_1_s": s1, "step_2_s": s2, "compute_1_s": m["compute x1"], "compute_2_s": c2,
             "compute_scaling": m["compute x1"] / c2, "lockstep_2_s": lock,
-            "lockstep_scaling": m["compute x1"] / lock if lock else None, "alone_s": alone,
+            "lockstep_scaling": m["compute x1"] / lock, "alone_s": alone,
             "scaling_efficiency": s1 / s2, "exposed_s": exposed,
             "hidden_fraction": min(1.0, max(0.0, 1 - exposed / alone)),
             "sync_wait_s": job["modes"][f"{method} x2"].get("sync_wait_median_s"),
             "ddp_gloo_step_over_this": gloo / s2 if gloo else None,
             **{f"{k}_2_s": job["modes"][f"{method} x2"]["phases_median_s"][k] for k in PHASES},
             **{f"{name}_{k}_2_s": job["modes"][f"{name} x2"]["phases_median_s"][k]
-               for name in ("compute", "lockstep") if f"{name} x2" in job["modes"]
-               for k in (*PHASES, "waits")}}
+               for name in ("compute", "lockstep") for k in PHASES},
+            "lockstep_sync_2_s": job["modes"]["lockstep x2"]["phases_median_s"]["waits"]}
 
 
 def summarize(jobs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
@@ -182,22 +182,20 @@ def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
                   "slowest rank) for allreduces still in flight after backward")
     ok = [r for r in rows if r["rounds_ok"]]
     if ok:
+        first = ok[0]
         print(f"{'bare model':15s} comp sc per round: "
-              + ", ".join(_pct(e) for e in ok[0]["compute_scaling_rounds"])
+              + ", ".join(_pct(e) for e in first["compute_scaling_rounds"])
               + "; lock sc per round: "
-              + ", ".join(_pct(e) for e in ok[0].get("lockstep_scaling_rounds", [])))
+              + ", ".join(_pct(e) for e in first["lockstep_scaling_rounds"]))
         print(f"\n2 ranks, per phase (ms; the slowest rank's median iteration, median over "
               f"rounds)\n{'':15s}{'forward':>10s}{'backward':>10s}{'sync':>10s}{'optimizer':>10s}")
-        print(f"{'bare model':15s}" + "".join(f"{_ms(ok[0][f'compute_{k}_2_s']):>10s}"
-                                               for k in ("forward", "backward")) + f"{'':>10s}"
-              + f"{_ms(ok[0]['compute_optimizer_2_s']):>10s}")
-        if ok[0].get("lockstep_forward_2_s") is not None:
-            print(f"{'lockstep':15s}" + "".join(f"{_ms(ok[0][f'lockstep_{k}_2_s']):>10s}"
-                                                 for k in ("forward", "backward", "waits",
-                                                           "optimizer")))
-        for r in ok:
-            print(f"{r['method']:15s}{_ms(r['forward_2_s']):>10s}{_ms(r['backward_2_s']):>10s}"
-                  f"{_ms(r['sync_wait_s']):>10s}{_ms(r['optimizer_2_s']):>10s}")
+        phase_rows = [("bare model", first, "compute_", None),
+                      ("lockstep", first, "lockstep_", first["lockstep_sync_2_s"])]
+        phase_rows += [(r["method"], r, "", r["sync_wait_s"]) for r in ok]
+        for label, r, pre, sync in phase_rows:
+            print(f"{label:15s}{_ms(r[pre + 'forward_2_s']):>10s}"
+                  f"{_ms(r[pre + 'backward_2_s']):>10s}{_ms(sync):>10s}"
+                  f"{_ms(r[pre + 'optimizer_2_s']):>10s}")
     print("\n".join(f"{k} = {v}" for k, v in DEFINITIONS.items()))
 
 
