@@ -16,10 +16,13 @@ from .api import (
     init,
     is_initialized,
     reduce_scatter_tensor,
+    reset_stats,
+    stats,
 )
 from .communicator import Communicator
 from .errors import CommError, CommTimeout, Error
 from .ops import ReduceOp
+from .topology import Topology
 from .work import Work
 
 __version__ = "0.1.0"
@@ -34,7 +37,7 @@ __all__ = [
     "Communicator", "CommError", "CommTimeout", "Error", "ReduceOp", "Work",
     "init", "destroy", "default", "is_initialized",
     "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
-    "cuda_device_count",
+    "cuda_device_count", "stats", "reset_stats", "Topology",
 ]
 from . import backend as _backend  # registers the "pyring" torch.distributed backend  # noqa: E402, F401
 

@@ -15,18 +15,15 @@ try:
 except ImportError:  # pragma: no cover - torch is always present in practice
     torch = None
 
-# Codes shared with csrc/core/types.h.
-_NUMPY_CODES = {
-    np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2,
-    np.dtype(np.int8): 4, np.dtype(np.uint8): 5, np.dtype(np.int32): 6, np.dtype(np.int64): 7,
-}
+from . import _C
+
+# Names and sizes come from the core (csrc/core/types.h), in code order.
+DTYPE_NAMES: tuple[str, ...] = tuple(_C.DTYPE_NAMES)
+_SIZES: tuple[int, ...] = tuple(_C.DTYPE_SIZES)
+_NUMPY_CODES = {np.dtype(n): c for c, n in enumerate(DTYPE_NAMES) if n != "bfloat16"}
 _TORCH_CODES = {}
 if torch is not None:
-    _TORCH_CODES = {
-        torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
-        torch.int8: 4, torch.uint8: 5, torch.int32: 6, torch.int64: 7,
-    }
-DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+    _TORCH_CODES = {getattr(torch, n): c for c, n in enumerate(DTYPE_NAMES)}
 _VALID = ", ".join(DTYPE_NAMES)
 
 
@@ -37,7 +34,6 @@ class View(NamedTuple):
     nbytes: int
 
 
-_SIZES = (4, 8, 2, 2, 1, 1, 4, 8)
 _STRIDED = torch.strided if torch is not None else None
 _Tensor = torch.Tensor if torch is not None else ()
 _new_view = tuple.__new__

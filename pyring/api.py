@@ -8,7 +8,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, rendezvous
+from . import _C, rendezvous, topology
 from .communicator import Communicator
 from .config import ALGOS, resolve
 from .errors import Error
@@ -16,11 +16,6 @@ from .work import Work
 
 log = logging.getLogger("pyring")
 _default: Communicator | None = None
-_ALGO_TEXT = {
-    "auto": f"auto (direct up to {_C.DIRECT_MAX_BYTES} bytes, ring above)",
-    "ring": "ring",
-    "direct": "direct",
-}
 _live: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -34,7 +29,8 @@ def _setup_logging(level: str) -> None:
 
 def init(rank: int | None = None, world_size: int | None = None, store: Any = None,
          timeout: Any = None, *, segment_bytes: Any = None, transport: str | None = None,
-         algo: str | None = None, set_default: bool = True) -> Communicator:
+         algo: str | None = None, topology: Any = None, link_model: Any = None,
+         set_default: bool = True) -> Communicator:
     """Meets the other ranks and returns a connected Communicator.
 
     With no arguments it uses the default torch.distributed process group's store when one
@@ -43,10 +39,15 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
     default PYRING_TIMEOUT or 300 s) bounds the rendezvous and every collective.
     ``segment_bytes`` (default PYRING_SEGMENT_BYTES or 256 KiB) is the pipelining unit;
     ``transport`` is 'auto' (shm within a host, tcp across), 'shm' or 'tcp'
-    (default PYRING_TRANSPORT). The first communicator becomes the default one.
+    (default PYRING_TRANSPORT). ``algo`` is 'auto' (the selector decides per call), 'ring',
+    'direct' or 'tree' (default PYRING_ALGO). ``topology`` is 'auto' (hosts from the
+    rendezvous, GPUs by their PCIe tree), 'flat', or explicit: '0,1;2,3|4,5;6,7' or nested
+    lists (default PYRING_TOPOLOGY); every rank must pass the same. ``link_model`` overrides
+    the selector's alpha-beta figures: {'tcp': (alpha_us, GB/s)} or 'tcp=25/2.9' (default
+    PYRING_LINK_MODEL). The first communicator becomes the default one.
     """
     global _default
-    cfg = resolve(timeout, segment_bytes, transport, algo)
+    cfg = resolve(timeout, segment_bytes, transport, algo, topology, link_model)
     _setup_logging(cfg.debug)
     meeting = rendezvous.find_store(rank, world_size, store, cfg.timeout_s)
     rank, world = meeting.rank, meeting.world_size
@@ -61,6 +62,22 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
     return comm
 
 
+def _agree(rank: int, peers: list[dict], me: dict, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        differ = [r for r, p in enumerate(peers) if p[key] != me[key]]
+        if differ:
+            raise ValueError(f"init on rank {rank}: {key}={me[key]!r} here but ranks {differ} "
+                             f"use {[peers[r][key] for r in differ]}")
+
+
+def _topology(spec: Any, peers: list[dict], world: int) -> topology.Topology:
+    """The same Topology on every rank, from the exchanged inputs alone."""
+    if spec == "auto":
+        return topology.detect([p["host"] for p in peers], [p["gpu_path"] for p in peers])
+    source = "PYRING_TOPOLOGY" if os.environ.get("PYRING_TOPOLOGY") == spec else "topology"
+    return topology.parse(spec, world, source=source)
+
+
 def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     rank, world = meeting.rank, meeting.world_size
     store = rendezvous.prefixed(meeting.store, rank)
@@ -70,41 +87,46 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     secret, job_id = job[:32], job[32:].hex()
     host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
     listener = _C.TcpListener(host_ip) if world > 1 else None
+    spec = cfg.topology if isinstance(cfg.topology, str) else _as_lists(cfg.topology)
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
-          "segment_bytes": cfg.segment_bytes, "algo": cfg.algo,
+          "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
+          "gpu_path": topology.local_gpu_path() if spec == "auto" else None,
           "addr": [host_ip, listener.port] if listener else None}
-    peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
-    for key in ("transport", "segment_bytes", "algo"):
-        differ = [r for r, p in enumerate(peers) if p[key] != me[key]]
-        if differ:
-            raise ValueError(f"init on rank {rank}: {key}={me[key]!r} here but ranks {differ} "
-                             f"use {[peers[r][key] for r in differ]}")
-    local = [r for r, p in enumerate(peers) if p["host"] == me["host"]]
-    local_index, local_world = local.index(rank), len(local)
-    if cfg.transport == "shm" and local_world != world:
-        raise ValueError(f"init on rank {rank}: transport='shm' needs every rank on one host, "
-                         f"but only ranks {local} share this one")
-    use_shm = cfg.transport != "tcp"
-    neighbours = sorted({(rank - 1) % world, (rank + 1) % world} - {rank})
-    specs, transports = [], {}
-    for p in neighbours:
-        if use_shm and p in local:
-            specs.append((p, "shm", local.index(p), rendezvous.shm_name(job_id, local.index(p)),
-                          "", 0))
-            transports[p] = "shm"
-        else:
-            host, port = peers[p]["addr"]
-            specs.append((p, "tcp", 0, "", host, port))
-            transports[p] = "tcp"
-    names = [rendezvous.shm_name(job_id, i) for i in range(local_world)]
     segment = None
+    names: list[str] = []
     try:
+        peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
+        # Every rank sees the same peers, so a bad or differing spec fails on every rank here,
+        # before any link is opened.
+        _agree(rank, peers, me, ("transport", "segment_bytes", "algo", "topology"))
+        topo = _topology(spec, peers, world)
+        hosts = list(dict.fromkeys(p["host"] for p in peers))
+        host_of = [hosts.index(p["host"]) for p in peers]
+        local = [r for r in range(world) if host_of[r] == host_of[rank]]
+        local_index, local_world = local.index(rank), len(local)
+        if cfg.transport == "shm" and local_world != world:
+            raise ValueError(f"init on rank {rank}: transport='shm' needs every rank on one "
+                             f"host, but only ranks {local} share this one")
+        use_shm = cfg.transport != "tcp"
+        groups = [[list(g) for g in level] for level in topo.groups]
+        specs, transports = [], {}
+        for p in _C.needed_peers(rank, world, list(topo.levels), groups):
+            if use_shm and p in local:
+                specs.append((p, "shm", local.index(p), rendezvous.shm_name(job_id, p), "", 0))
+                transports[p] = "shm"
+            else:
+                host, port = peers[p]["addr"]
+                specs.append((p, "tcp", 0, "", host, port))
+                transports[p] = "tcp"
         if use_shm and local_world > 1:
-            segment = rendezvous.create_segment(job_id, local_index, local_world, cfg)
+            names = [rendezvous.shm_name(job_id, r) for r in local]
+            segment = rendezvous.create_segment(job_id, rank, local_world, cfg)
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
-                               _spin_us(local_world), specs)
+                               _spin_us(local_world), specs, list(topo.levels), groups, host_of,
+                               use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
+                               cfg.link_model)
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
@@ -113,11 +135,22 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
             _C.ShmSegment.unlink(name)
         if listener is not None:
             listener.close()
-    log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs, allreduce %s",
+    if rank == 0:
+        log.info("topology (%s): %s\n%s", spec if isinstance(spec, str) else "explicit",
+                 topo.spec(), topo.describe())
+    log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs, algo %s",
              rank, world, local_index, local_world, transports or "none", cfg.segment_bytes,
-             cfg.timeout_s, _ALGO_TEXT[cfg.algo])
+             cfg.timeout_s, cfg.algo)
     return Communicator(core, rank=rank, world_size=world, local_rank=local_index,
-                        local_world_size=local_world, store=store, transports=transports)
+                        local_world_size=local_world, store=store, transports=transports,
+                        topology=topo)
+
+
+def _as_lists(spec: Any) -> Any:
+    """Nested tuples and lists as lists, so that every rank publishes the same JSON."""
+    if isinstance(spec, (list, tuple)):
+        return [_as_lists(x) for x in spec]
+    return spec
 
 
 def _spin_us(local_world: int) -> int:
@@ -158,8 +191,17 @@ def _close_all() -> None:
 
 
 def all_reduce(tensor: Any, op: Any = "sum", async_op: bool = False,
-               out: Any = None) -> Work | None:
-    return default().all_reduce(tensor, op=op, async_op=async_op, out=out)
+               out: Any = None, algo: str | None = None) -> Work | None:
+    return default().all_reduce(tensor, op=op, async_op=async_op, out=out, algo=algo)
+
+
+def stats() -> dict[str, Any]:
+    """The default communicator's counters (see Communicator.stats)."""
+    return default().stats()
+
+
+def reset_stats() -> None:
+    default().reset_stats()
 
 
 def broadcast(tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:

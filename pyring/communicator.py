@@ -6,6 +6,7 @@ import collections
 from typing import Any
 
 from ._buffers import check_same_dtype, overlaps, view_of
+from .config import ALGOS
 from .ops import op_code
 from .work import Work
 
@@ -19,7 +20,8 @@ class Communicator:
     """
 
     def __init__(self, core: Any, *, rank: int, world_size: int, local_rank: int,
-                 local_world_size: int, store: Any, transports: dict[int, str]) -> None:
+                 local_world_size: int, store: Any, transports: dict[int, str],
+                 topology: Any) -> None:
         self._c = core
         self.rank = rank
         self.world_size = world_size
@@ -27,6 +29,9 @@ class Communicator:
         self.local_world_size = local_world_size
         self.store = store
         self.transports = transports
+        #: The pyring.topology.Topology every rank agreed on at init.
+        self.topology = topology
+        self._stats_base: tuple[dict, dict] = ({}, {})
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
@@ -45,9 +50,18 @@ class Communicator:
         return Work(cwork, result)
 
     def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,
-                   out: Any = None) -> Work | None:
-        """Reduces ``tensor`` across ranks into ``out`` (default: in place)."""
+                   out: Any = None, algo: str | None = None) -> Work | None:
+        """Reduces ``tensor`` across ranks into ``out`` (default: in place). ``algo``
+        ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
+        rank must pass the same."""
         code = op_code(op, "all_reduce")
+        if algo is None:
+            algo_code = -1
+        elif algo in ALGOS:
+            algo_code = ALGOS.index(algo)
+        else:
+            raise ValueError(f"all_reduce: algo={algo!r} is not valid "
+                             f"(valid: {', '.join(ALGOS)})")
         src = view_of(tensor, "all_reduce", "tensor", writable=out is None)
         if out is None:
             out, dst = tensor, src
@@ -59,7 +73,7 @@ class Communicator:
                                  f"{src.count}")
             if dst.ptr != src.ptr and overlaps(src, dst):
                 raise ValueError("all_reduce: out partially overlaps tensor")
-        w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op)
+        w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
         return None
@@ -124,6 +138,30 @@ class Communicator:
         """(bytes sent, bytes received) over the link to ``peer``."""
         return self._c.link_bytes(peer)
 
+    def stats(self) -> dict[str, Any]:
+        """Counters since init or the last reset_stats(): this rank's ``bytes_sent`` and
+        ``bytes_received``, ``links`` (peer rank -> transport and bytes each way) and
+        ``calls`` (collectives run per algorithm; barriers are not counted). Byte counts
+        include the 32-byte header each collective sends on every link it uses."""
+        links, calls = self._c.raw_stats()
+        base_links, base_calls = self._stats_base
+        out_links = {}
+        for peer, (kind, sent, received) in sorted(links.items()):
+            s0, r0 = base_links.get(peer, (0, 0))
+            out_links[peer] = {"transport": kind, "bytes_sent": sent - s0,
+                               "bytes_received": received - r0}
+        return {
+            "bytes_sent": sum(v["bytes_sent"] for v in out_links.values()),
+            "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
+            "links": out_links,
+            "calls": {a: n - base_calls.get(a, 0) for a, n in calls.items()},
+        }
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters that stats() reports."""
+        links, calls = self._c.raw_stats()
+        self._stats_base = ({p: (s, r) for p, (_, s, r) in links.items()}, dict(calls))
+
     def close(self) -> None:
         """Finishes the work already running, fails queued work with CommError, and frees the
         links. Idempotent."""
@@ -142,4 +180,5 @@ class Communicator:
 
     def __repr__(self) -> str:
         return (f"<pyring.Communicator rank {self.rank} of {self.world_size}, local "
-                f"{self.local_rank} of {self.local_world_size}>")
+                f"{self.local_rank} of {self.local_world_size}, topology "
+                f"{self.topology.spec()}>")

@@ -10,11 +10,16 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from . import _C
+
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SEGMENT_BYTES = 256 * 1024
 TRANSPORTS = ("auto", "shm", "tcp")
-ALGOS = ("auto", "ring", "direct")  # codes 0, 1, 2 in the core
+ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
+# The selector's alpha-beta figures (csrc/core/communicator.h Options): per link class,
+# latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate (GB/s).
+DEFAULT_LINK_MODEL = {"shm": (4.0, 4.9), "tcp": (18.0, 1.0), "reduce": (0.0, 2.0)}
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,8 @@ class Config:
     algo: str
     debug: str
     socket_ifname: str | None
+    topology: Any = "auto"  # "auto", "flat", an explicit spec string or nested lists
+    link_model: tuple[float, float, float, float, float] = (4e-6, 4.9e9, 18e-6, 1e9, 2e9)
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -68,8 +75,38 @@ def _choice(name: str, value: str, valid: tuple[str, ...], upper: bool = False) 
     return v
 
 
+def parse_link_model(value: Any, source: str) -> tuple[float, float, float, float, float]:
+    """{'tcp': (alpha_us, gbps), ...} or 'tcp=25/2.9,shm=4/5' (the keys of DEFAULT_LINK_MODEL)
+    over the defaults -> (shm alpha s, shm B/s, tcp alpha s, tcp B/s, reduce B/s)."""
+    model = dict(DEFAULT_LINK_MODEL)
+    items: Any = value.items() if isinstance(value, dict) else None
+    if items is None:
+        items = []
+        for part in str(value).split(","):
+            name, sep, figures = part.partition("=")
+            alpha, slash, gbps = figures.partition("/")
+            if not (sep and slash):
+                raise ValueError(f"{source}: expected NAME=ALPHA_US/GBPS entries such as "
+                                 f"'tcp=25/2.9', got {part.strip()!r}")
+            items.append((name.strip(), (alpha, gbps)))
+    for name, figures in items:
+        if name not in model:
+            raise ValueError(f"{source}: unknown link class {name!r} "
+                             f"(valid: {', '.join(model)})")
+        try:
+            alpha, gbps = (float(x) for x in figures)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: {name} needs (alpha_us, GB/s), got {figures!r}") from None
+        if alpha < 0 or not gbps > 0:
+            raise ValueError(f"{source}: {name} needs alpha >= 0 and a positive bandwidth, "
+                             f"got {figures!r}")
+        model[name] = (alpha, gbps)
+    return (model["shm"][0] * 1e-6, model["shm"][1] * 1e9, model["tcp"][0] * 1e-6,
+            model["tcp"][1] * 1e9, model["reduce"][1] * 1e9)
+
+
 def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | None = None,
-            algo: str | None = None) -> Config:
+            algo: str | None = None, topology: Any = None, link_model: Any = None) -> Config:
     env = os.environ
     if timeout is not None:
         timeout_s = _timeout_seconds(timeout, "init(timeout=...)")
@@ -93,4 +130,16 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     else:
         alg = _choice("PYRING_ALGO", env.get("PYRING_ALGO", "auto"), ALGOS)
     debug = _choice("PYRING_DEBUG", env.get("PYRING_DEBUG", "WARN"), DEBUG_LEVELS, upper=True)
-    return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None)
+    if topology is None:
+        topology = env.get("PYRING_TOPOLOGY") or "auto"
+    elif not isinstance(topology, (str, list, tuple)):
+        raise TypeError(f"init(topology=...) must be a str or nested lists of ranks, got "
+                        f"{type(topology).__name__}")
+    if link_model is not None:
+        model = parse_link_model(link_model, "init(link_model=...)")
+    elif env.get("PYRING_LINK_MODEL"):
+        model = parse_link_model(env["PYRING_LINK_MODEL"], "PYRING_LINK_MODEL")
+    else:
+        model = parse_link_model({}, "defaults")
+    return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
+                  topology, model)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from . import _C
+
 
 class ReduceOp(enum.Enum):
     """Reduction ops. ``AVG`` sums then divides once; on integers it truncates toward zero."""
@@ -16,12 +18,13 @@ class ReduceOp(enum.Enum):
     PROD = "prod"
 
 
-# Codes shared with csrc/core/types.h.
-_OP_CODES = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.PROD: 4}
+# Codes come from the core (csrc/core/types.h): the index of each name in _C.OP_NAMES.
+_FAST = {name: code for code, name in enumerate(_C.OP_NAMES)}
+_OP_CODES = {op: _FAST[op.value] for op in ReduceOp}
 _OP_ALIASES = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG,
                "max": ReduceOp.MAX, "min": ReduceOp.MIN, "prod": ReduceOp.PROD,
                "product": ReduceOp.PROD}
-_VALID_OPS = "sum, avg, max, min, prod"
+_VALID_OPS = ", ".join(_C.OP_NAMES)
 
 
 def _torch_op_name(op: Any) -> str | None:
@@ -41,8 +44,6 @@ def _torch_op_name(op: Any) -> str | None:
         return "UNKNOWN"
     return None
 
-
-_FAST = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}
 
 
 def op_code(op: Any, what: str = "op") -> int:

@@ -168,9 +168,10 @@ def prefixed(store: Any, rank: int) -> Any:
     return dist.PrefixStore(f"pyring/{n}", store)
 
 
-def shm_name(job: str, local_index: int) -> str:
-    return f"/pyring-{job}-{local_index}"
+def shm_name(job: str, rank: int) -> str:
+    """Unique per job and global rank, so hosts that share /dev/shm never collide."""
+    return f"/pyring-{job}-{rank}"
 
 
-def create_segment(job: str, local_index: int, local_world: int, cfg: Config) -> Any:
-    return _C.ShmSegment.create(shm_name(job, local_index), local_world, _NSLOTS, cfg.segment_bytes)
+def create_segment(job: str, rank: int, local_world: int, cfg: Config) -> Any:
+    return _C.ShmSegment.create(shm_name(job, rank), local_world, _NSLOTS, cfg.segment_bytes)

@@ -190,7 +190,7 @@ def test_deadline_raises_comm_timeout():
     res = run_ranks(2, _absent_peer, timeout=60)
     kind, msg, elapsed = res[0]
     assert kind == "CommTimeout" and isinstance(pyring.CommTimeout("x"), TimeoutError)
-    assert "timed out" in msg and "rank 1" in msg and "262144 bytes" in msg, msg
+    assert "Timed out" in msg and "rank 1" in msg and "262144 bytes" in msg, msg
     assert 1.4 < elapsed < 5, elapsed
     assert res[1] == "CommError", "the late rank must learn that its peer gave up"
 

@@ -8,8 +8,11 @@
 
 #include "bindings/bindings.h"
 #include "collectives/collectives.h"
+#include "collectives/selector.h"
 #include "core/communicator.h"
 #include "core/errors.h"
+#include "core/link.h"
+#include "core/topology.h"
 #include "transport/factory.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_connect.h"
@@ -31,13 +34,32 @@ BufferView view(uintptr_t ptr, size_t count, int dtype) {
   return BufferView{reinterpret_cast<void*>(ptr), count, dtype_from_int(dtype)};
 }
 
+using Groups = std::vector<std::vector<std::vector<int>>>;
+using ModelTuple = std::tuple<double, double, double, double, double>;
+
 std::unique_ptr<Communicator> make_communicator(
     int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
     uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
-    py::bytes secret, int algo, int spin_us, const std::vector<PeerTuple>& peer_tuples) {
+    py::bytes secret, int algo, int spin_us, const std::vector<PeerTuple>& peer_tuples,
+    std::vector<std::string> level_names, Groups groups, std::vector<int> host_of,
+    bool shm_within_host, int log_level, const ModelTuple& model) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
+  Topology topology{std::move(level_names), std::move(groups)};
+  topology.validate(size);
+  Options opts;
+  opts.timeout_s = timeout_s;
+  opts.segment_bytes = segment_bytes;
+  opts.algo = algo_from_int(algo);
+  PYRING_CHECK_ARG(spin_us >= 0, "spin_us must be >= 0, got ", spin_us);
+  opts.spin_us = spin_us;
+  opts.log_level = log_level;
+  const auto& [shm_alpha, shm_bw, tcp_alpha, tcp_bw, reduce_bw] = model;
+  PYRING_CHECK_ARG(shm_alpha >= 0 && tcp_alpha >= 0 && shm_bw > 0 && tcp_bw > 0 && reduce_bw > 0,
+                   "link model figures must be positive");
+  opts.links = {LinkModel{shm_alpha, shm_bw}, LinkModel{tcp_alpha, tcp_bw}};
+  opts.reduce_bytes_per_s = reduce_bw;
   LinkSetup setup;
   setup.rank = rank;
   setup.size = size;
@@ -63,15 +85,13 @@ std::unique_ptr<Communicator> make_communicator(
     py::gil_scoped_release nogil;
     links = make_links(setup, peers, Deadline::after(timeout_s));
   }
-  Options opts;
-  opts.timeout_s = timeout_s;
-  opts.segment_bytes = segment_bytes;
-  PYRING_CHECK_ARG(algo >= 0 && algo <= 2, "unknown algorithm code ", algo);
-  opts.algo = static_cast<Algo>(algo);
-  PYRING_CHECK_ARG(spin_us >= 0, "spin_us must be >= 0, got ", spin_us);
-  opts.spin_us = spin_us;
-  return std::make_unique<Communicator>(rank, size, opts, std::move(links.by_rank),
-                                        std::move(links.keepalive));
+  return std::make_unique<Communicator>(rank, size, opts, std::move(topology),
+                                        std::move(host_of), shm_within_host,
+                                        std::move(links.by_rank), std::move(links.keepalive));
+}
+
+Algo call_algo(Communicator& c, int algo) {
+  return algo < 0 ? c.options().algo : algo_from_int(algo);
 }
 
 // Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
@@ -103,7 +123,26 @@ CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int r
 }  // namespace
 
 void register_communicator(py::module_& m) {
-  m.attr("DIRECT_MAX_BYTES") = kDirectMaxBytes;
+  py::list algos, dtypes, sizes, ops;
+  for (int a = 0; a < kNumAlgos; ++a) algos.append(algo_name(static_cast<Algo>(a)));
+  for (int d = 0; d < kNumDTypes; ++d) {
+    dtypes.append(dtype_name(static_cast<DType>(d)));
+    sizes.append(dtype_size(static_cast<DType>(d)));
+  }
+  for (int o = 0; o < kNumReduceOps; ++o) ops.append(op_name(static_cast<ReduceOp>(o)));
+  m.attr("ALGO_NAMES") = py::tuple(algos);
+  m.attr("DTYPE_NAMES") = py::tuple(dtypes);
+  m.attr("DTYPE_SIZES") = py::tuple(sizes);
+  m.attr("OP_NAMES") = py::tuple(ops);
+  m.def(
+      "needed_peers",
+      [](int rank, int size, std::vector<std::string> names, Groups groups) {
+        Topology t{std::move(names), std::move(groups)};
+        t.validate(size);
+        return needed_peers(t, rank);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("level_names"), py::arg("groups"),
+      "The peers this rank's algorithms need links to under the topology, ascending.");
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def_property_readonly("description", &Work::description)
       .def("is_completed", &Work::is_completed)
@@ -137,7 +176,9 @@ void register_communicator(py::module_& m) {
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
            py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
-           py::arg("spin_us"), py::arg("peers"))
+           py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
+           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"),
+           py::arg("model"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -151,6 +192,32 @@ void register_communicator(py::module_& m) {
              Link& l = c.link(peer);
              return std::make_pair(l.bytes_sent(), l.bytes_received());
            })
+      .def("raw_stats",
+           [](Communicator& c) {
+             py::dict links, calls;
+             for (int p = 0; p < c.size(); ++p) {
+               if (!c.has_link(p)) continue;
+               Link& l = c.link(p);
+               links[py::int_(p)] = py::make_tuple(l.kind(), l.bytes_sent(), l.bytes_received());
+             }
+             for (int a = 1; a < kNumAlgos; ++a) {
+               calls[py::str(algo_name(static_cast<Algo>(a)))] =
+                   c.calls().by_algo[static_cast<size_t>(a)].load(std::memory_order_relaxed);
+             }
+             return py::make_tuple(links, calls);
+           },
+           "({peer: (transport, bytes sent, bytes received)}, {algorithm: calls}) since start.")
+      .def("estimate_allreduce",
+           [](Communicator& c, size_t bytes) {
+             Estimate e = estimate_allreduce(c, bytes);
+             py::dict d;
+             d["ring"] = e.ring_s;
+             d["direct"] = e.direct_s;
+             d["tree"] = e.tree_s;
+             return d;
+           },
+           py::arg("bytes"), "The selector's time estimates in seconds, per algorithm.")
+      .def_property_readonly("ring_order", &Communicator::ring_order)
       .def("close",
            [](Communicator& c) {
              py::gil_scoped_release nogil;
@@ -158,12 +225,15 @@ void register_communicator(py::module_& m) {
            })
       .def("all_reduce",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-              bool async_op) {
+              bool async_op, int algo) {
              BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
              ReduceOp rop = op_from_int(op);
+             Algo a = call_algo(c, algo);
              return launch(c, async_op, desc_of("all_reduce", vi, op),
-                           [&c, vi, vo, rop](Deadline d) { allreduce(c, vi, vo, rop, d); });
-           })
+                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
+           },
+           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+           py::arg("async_op"), py::arg("algo") = -1)
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
               bool async_op) {
@@ -172,7 +242,7 @@ void register_communicator(py::module_& m) {
              ReduceOp rop = op_from_int(op);
              return launch(
                  c, async_op, desc_of("reduce_scatter_tensor", vi, op),
-                 [&c, vi, vo, rop](Deadline d) { ring_reduce_scatter(c, vi, vo, rop, d); });
+                 [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
            })
       .def("all_gather",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,
@@ -180,7 +250,7 @@ void register_communicator(py::module_& m) {
              BufferView vi = view(in, in_count, dtype);
              BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
              return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
-                           [&c, vi, vo](Deadline d) { ring_allgather(c, vi, vo, d); });
+                           [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); });
            })
       .def("broadcast",
            [](Communicator& c, uintptr_t ptr, size_t count, int dtype, int root, bool async_op) {

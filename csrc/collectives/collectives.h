@@ -1,7 +1,8 @@
 // Collective algorithms. Each runs on the thread that calls it, inside Communicator::run_sync
-// or a submitted work, and sees only the communicator's links and the kernels. Arguments are
-// validated by the caller (bindings) before any byte is sent; all ranks must call the same
-// collectives in the same order with matching sizes.
+// or a submitted work, and sees only the communicator's links, its topology and the kernels.
+// Arguments are validated by the caller (bindings) before any byte is sent; all ranks must
+// call the same collectives in the same order with matching sizes. The flat algorithms use
+// the communicator's ring order (the topology's), not rank order.
 #pragma once
 
 #include "core/communicator.h"
@@ -19,10 +20,14 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
 void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                       Deadline deadline);
 
-// Dispatches on Options::algo: auto picks direct up to kDirectMaxBytes, ring above.
-constexpr size_t kDirectMaxBytes = 16 << 10;
+// Reduce-scatter inside each group, allreduce of each member's shard with its counterparts in
+// the other groups, allgather inside the group, recursively over the topology's levels.
+void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+                    Deadline deadline);
+
+// Runs the algorithm the selector picks for `algo` (kAuto: by size, world and topology).
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
-               Deadline deadline);
+               Algo algo, Deadline deadline);
 
 // out (count m) = op over ranks of chunk `rank` of in (count size * m). out may be that chunk.
 void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
@@ -32,6 +37,20 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
 // `rank` of out.
 void ring_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
                     Deadline deadline);
+
+// The same results over an even topology: lowest level first for reduce-scatter, highest
+// first for allgather, so each slower level carries an already reduced or not yet grown
+// region. Throw InvalidArgument when the topology is uneven.
+void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
+                         ReduceOp op, Deadline deadline);
+void tree_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
+                    Deadline deadline);
+
+// Run the algorithm the selector picks (ring or tree).
+void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+                    Deadline deadline);
+void allgather(Communicator& comm, const BufferView& in, const BufferView& out,
+               Deadline deadline);
 
 // buf on every rank = buf on `root`, pipelined along the ring.
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline);

@@ -1,23 +1,23 @@
 // Direct allreduce for small messages: every rank's whole input travels the ring (an
 // allgather, size-1 hops), then every rank reduces the gathered inputs itself in rank order,
 // so results are identical on every rank. Against the ring's 2(size-1) dependent hops this
-// halves the latency; it moves (size-1)/size more bytes, which is why auto uses it only below
-// kDirectMaxBytes per rank.
+// halves the latency; it moves (size-1)/size more bytes, which is why the selector uses it
+// only for small messages.
 #include <cstring>
 
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
 #include "collectives/header.h"
+#include "collectives/ring_phases.h"
 #include "core/errors.h"
+#include "core/link.h"
 #include "kernels/reduce.h"
-#include "transport/link.h"
 
 namespace pyring {
 
 void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                       Deadline deadline) {
   const int n = comm.size();
-  const int r = comm.rank();
   const DType dtype = in.dtype;
   if (in.count == 0) return;
   if (n == 1) {
@@ -29,17 +29,19 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   uint8_t* gathered =
       comm.scratch(bytes * static_cast<size_t>(n) + in.count * dtype_size(acc_type));
   uint8_t* acc = gathered + bytes * static_cast<size_t>(n);
-  auto slot = [&](long k) { return gathered + ring_index(k, n) * bytes; };
+  const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());
+  // Slot k holds rank k's input.
+  auto slot = [&](long steps) { return gathered + static_cast<size_t>(ring.at(steps)) * bytes; };
   Link& left = comm.left();
   Link& right = comm.right();
   HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count);
-  header.post(&left, &right, r);
-  std::memcpy(slot(r), in.data, bytes);
-  right.post_send(slot(r), bytes);
+  header.post(&left, &right, comm.rank());
+  std::memcpy(slot(0), in.data, bytes);
+  right.post_send(slot(0), bytes);
   for (int s = 0; s < n - 1; ++s) {
     RecvSpec spec;
     spec.bytes = bytes;
-    spec.copy_to = slot(r - s - 1);
+    spec.copy_to = slot(-s - 1);
     if (s < n - 2) {
       spec.on_piece = [&right](const uint8_t* data, size_t, size_t len) {
         right.post_send(data, len);
@@ -49,24 +51,10 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   }
   drive({&left, &right}, deadline, comm.spin_us());
 
-  widen(dtype, slot(0), acc, in.count);
-  for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, slot(k), acc, acc, in.count);
-  reduce_finish(dtype, op, slot(n - 1), acc, out.data, in.count, n);
-}
-
-void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
-               Deadline deadline) {
-  switch (comm.options().algo) {
-    case Algo::kAuto:
-      if (in.bytes() <= kDirectMaxBytes) return direct_allreduce(comm, in, out, op, deadline);
-      return ring_allreduce(comm, in, out, op, deadline);
-    case Algo::kRing:
-      return ring_allreduce(comm, in, out, op, deadline);
-    case Algo::kDirect:
-      return direct_allreduce(comm, in, out, op, deadline);
-  }
-  PYRING_THROW(InvalidArgument, "unknown allreduce algorithm ",
-               static_cast<int>(comm.options().algo));
+  auto rank_slot = [&](int k) { return gathered + static_cast<size_t>(k) * bytes; };
+  widen(dtype, rank_slot(0), acc, in.count);
+  for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, rank_slot(k), acc, acc, in.count);
+  reduce_finish(dtype, op, rank_slot(n - 1), acc, out.data, in.count, n);
 }
 
 }  // namespace pyring

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/errors.h"
@@ -13,24 +14,21 @@ namespace {
 constexpr int kMaxSleepMs = 50;  // how often a blocked rank re-checks its peers
 }  // namespace
 
-void drive(std::initializer_list<Link*> list, Deadline deadline, int spin_us) {
+void drive(std::vector<Link*> links, Deadline deadline, int spin_us) {
   const auto spin = std::chrono::microseconds(spin_us);
-  Link* links[4];
-  size_t n = 0;
-  for (Link* l : list) {
-    bool seen = false;
-    for (size_t i = 0; i < n; ++i) seen |= links[i] == l;
-    if (!seen && n < 4) links[n++] = l;
-  }
+  links.erase(std::remove(links.begin(), links.end(), nullptr), links.end());
+  std::sort(links.begin(), links.end());
+  links.erase(std::unique(links.begin(), links.end()), links.end());
+  const size_t n = links.size();
   auto idle_since = Clock::now();
   auto last_check = idle_since;
   unsigned polls = 0;
   for (;;) {
+    // Idleness is read after every link has progressed: a piece landing on one link may post
+    // a send on another.
     bool moved = false, idle = true;
-    for (size_t i = 0; i < n; ++i) {
-      moved |= links[i]->progress();
-      idle &= links[i]->idle();
-    }
+    for (size_t i = 0; i < n; ++i) moved |= links[i]->progress();
+    for (size_t i = 0; i < n && idle; ++i) idle = links[i]->idle();
     if (idle) return;
     if (moved) {
       polls = 0;
@@ -50,9 +48,9 @@ void drive(std::initializer_list<Link*> list, Deadline deadline, int spin_us) {
     if (deadline.expired()) {
       std::string what;
       for (size_t i = 0; i < n; ++i) what += str_cat(i ? "; " : "", links[i]->pending());
-      PYRING_THROW(TimeoutError, "timed out waiting: ", what);
+      PYRING_THROW(TimeoutError, "Timed out waiting: ", what);
     }
-    wait_for_links(links, n, deadline.remaining_ms(kMaxSleepMs));
+    wait_for_links(links.data(), n, deadline.remaining_ms(kMaxSleepMs));
     polls = 64;
     idle_since = Clock::now();
     if (idle_since - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {

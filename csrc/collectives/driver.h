@@ -2,17 +2,21 @@
 #pragma once
 
 #include <initializer_list>
+#include <vector>
 
 #include "core/types.h"
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 
-// Calls progress() on `links` (duplicates allowed) until all are idle. Polls for `spin_us`
-// microseconds without progress, then blocks; each time it wakes it checks the peers. Throws
-// CommError when a peer dies or gives up, TimeoutError at `deadline` naming what was still
-// pending.
-void drive(std::initializer_list<Link*> links, Deadline deadline, int spin_us);
+// Calls progress() on `links` (any number; duplicates and nulls allowed) until all are idle.
+// Polls for `spin_us` microseconds without progress, then blocks; each time it wakes it checks
+// the peers. Throws CommError when a peer dies or gives up, TimeoutError at `deadline` naming
+// what was still pending.
+void drive(std::vector<Link*> links, Deadline deadline, int spin_us);
+inline void drive(std::initializer_list<Link*> links, Deadline deadline, int spin_us) {
+  drive(std::vector<Link*>(links), deadline, spin_us);
+}
 
 // Splits `count` elements into `parts` chunks whose sizes differ by at most one element.
 struct Chunks {

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "core/types.h"
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 

@@ -1,20 +1,40 @@
 #include "core/communicator.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "core/errors.h"
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 
-Communicator::Communicator(int rank, int size, Options options,
+const char* link_class_name(LinkClass c) {
+  return c == LinkClass::kShm ? "shm" : "tcp";
+}
+
+Communicator::Communicator(int rank, int size, Options options, Topology topology,
+                           std::vector<int> host_of, bool shm_within_host,
                            std::vector<std::unique_ptr<Link>> links,
                            std::shared_ptr<void> keepalive)
     : rank_(rank),
       size_(size),
       options_(options),
+      topology_(std::move(topology)),
+      host_of_(std::move(host_of)),
+      shm_within_host_(shm_within_host),
       links_(std::move(links)),
       keepalive_(std::move(keepalive)) {
   PYRING_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
                    " out of range for world size ", size);
+  PYRING_CHECK_ARG(host_of_.size() == static_cast<size_t>(size), "host_of has ",
+                   host_of_.size(), " entries for world size ", size);
+  topology_.validate(size);
+  ring_order_ = topology_.ring_order();
+  tree_plan_ = pyring::tree_plan(topology_, rank);
+  address_order_ = pyring::address_order(topology_);
+  const auto pos = std::find(ring_order_.begin(), ring_order_.end(), rank) - ring_order_.begin();
+  left_ = ring_order_[static_cast<size_t>((pos + size - 1) % size)];
+  right_ = ring_order_[static_cast<size_t>((pos + 1) % size)];
   links_.resize(static_cast<size_t>(size));
 }
 
@@ -31,6 +51,20 @@ int Communicator::spin_us() const {
     return kProgressSpinUs;
   }
   return options_.spin_us;
+}
+
+LinkClass Communicator::link_class(int a, int b) const {
+  const bool same_host = host_of_[static_cast<size_t>(a)] == host_of_[static_cast<size_t>(b)];
+  return same_host && shm_within_host_ ? LinkClass::kShm : LinkClass::kTcp;
+}
+
+void Communicator::log_once(int level, const std::string& key, const std::string& message) {
+  if (options_.log_level < level) return;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    if (!logged_.insert(key).second) return;
+  }
+  std::fprintf(stderr, "[pyring INFO] rank %d: %s\n", rank_, message.c_str());
 }
 
 bool Communicator::has_link(int peer) const {

@@ -1,50 +1,87 @@
-// The Communicator: this rank's place in the job, its links, options and progress engine.
+// The Communicator: this rank's place in the job, its links, topology, options, counters and
+// progress engine.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/progress.h"
+#include "core/topology.h"
 #include "core/types.h"
 
 namespace pyring {
 
 class Link;
 
-enum class Algo : int { kAuto = 0, kRing = 1, kDirect = 2 };
+// The classes of link the selector tells apart.
+enum class LinkClass : int { kShm = 0, kTcp = 1 };
+constexpr int kNumLinkClasses = 2;
+const char* link_class_name(LinkClass c);
+
+// One alpha-beta figure: a message of n bytes over the link costs alpha_s + n / bytes_per_s.
+struct LinkModel {
+  double alpha_s;
+  double bytes_per_s;
+};
 
 struct Options {
   Algo algo = Algo::kAuto;
   double timeout_s = 300.0;          // deadline of every collective, counted from its start
   size_t segment_bytes = 256 << 10;  // pipelining unit; shm slot and tcp staging size
   int spin_us = 50;                  // how long a waiting rank polls before it sleeps
+  int log_level = 0;                 // 0: warnings, 1: INFO (topology, selector decisions)
+  // Selector figures, indexed by LinkClass. Defaults: pyring's own fits on the development
+  // machines (bench/results/costmodel_vm.json): shm 4 us and 4.9 GB/s; tcp 18 us and 1 GB/s
+  // (loopback). reduce_bytes_per_s is the local reduction rate that puts the crossover of
+  // the direct algorithm and the ring at the measured 16 KiB for 2 ranks.
+  std::array<LinkModel, kNumLinkClasses> links = {LinkModel{4e-6, 4.9e9}, LinkModel{18e-6, 1e9}};
+  double reduce_bytes_per_s = 2e9;
+};
+
+// Per-communicator counters, readable from any thread.
+struct CallCounters {
+  std::array<std::atomic<uint64_t>, kNumAlgos> by_algo{};
 };
 
 class Communicator {
  public:
   // `links` is indexed by rank; null where no link exists (always at this rank). `keepalive`
-  // holds transport state the links share (shared-memory segments).
-  Communicator(int rank, int size, Options options, std::vector<std::unique_ptr<Link>> links,
+  // holds transport state the links share (shared-memory segments). `host_of[r]` numbers the
+  // host of rank r; ranks of one host talk over shm when `shm_within_host`, all others tcp.
+  Communicator(int rank, int size, Options options, Topology topology, std::vector<int> host_of,
+               bool shm_within_host, std::vector<std::unique_ptr<Link>> links,
                std::shared_ptr<void> keepalive);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Options& options() const { return options_; }
   // How long a waiting collective polls before it sleeps: options().spin_us on the caller's
   // thread, at most kProgressSpinUs on the progress thread, where polling would take the core
   // from the caller's compute (backward) that the collective is meant to overlap.
   static constexpr int kProgressSpinUs = 20;
   int spin_us() const;
-  int size() const { return size_; }
-  const Options& options() const { return options_; }
+
+  const Topology& topology() const { return topology_; }
+  // The ring every flat algorithm uses: the topology's order, crossing each group boundary once.
+  const std::vector<int>& ring_order() const { return ring_order_; }
+  const TreePlan& tree_plan() const { return tree_plan_; }
+  // address_order(topology()): empty when the topology is uneven.
+  const std::vector<int>& address_order() const { return address_order_; }
+  LinkClass link_class(int a, int b) const;
 
   // Throws CommError naming both ranks when there is no link to `peer`.
   Link& link(int peer);
   bool has_link(int peer) const;
-  Link& left() { return link((rank_ + size_ - 1) % size_); }
-  Link& right() { return link((rank_ + 1) % size_); }
+  Link& left() { return link(left_); }
+  Link& right() { return link(right_); }
 
   // Runs `fn(deadline)` as one collective described by `description`, on this thread when
   // nothing else is queued. Errors are rethrown with the description and this rank prefixed;
@@ -61,17 +98,32 @@ class Communicator {
   // The sequence number of the collective running now (1 for the first).
   uint64_t seq() const { return seq_; }
 
+  CallCounters& calls() { return calls_; }
+  // Writes `message` to stderr once per distinct `key` when log_level >= `level`. Thread-safe.
+  void log_once(int level, const std::string& key, const std::string& message);
+
  private:
   void execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
 
   int rank_;
   int size_;
   Options options_;
+  Topology topology_;
+  std::vector<int> ring_order_;
+  TreePlan tree_plan_;
+  std::vector<int> address_order_;
+  std::vector<int> host_of_;
+  bool shm_within_host_;
+  int left_ = 0;
+  int right_ = 0;
   std::vector<std::unique_ptr<Link>> links_;
   std::shared_ptr<void> keepalive_;
   std::vector<uint8_t> scratch_;
   uint64_t seq_ = 0;    // written only by the running collective
   std::string broken_;  // why the communicator is unusable; written only by the running collective
+  CallCounters calls_;
+  std::mutex log_mu_;
+  std::set<std::string> logged_;  // guarded by log_mu_
   ProgressEngine engine_;  // last: its thread stops before the links go away
 };
 

@@ -64,6 +64,26 @@ const char* op_name(ReduceOp op) {
   return "unknown";
 }
 
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::kAuto:
+      return "auto";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kDirect:
+      return "direct";
+    case Algo::kTree:
+      return "tree";
+  }
+  return "unknown";
+}
+
+Algo algo_from_int(int v) {
+  PYRING_CHECK_ARG(v >= 0 && v < kNumAlgos, "unknown algorithm code ", v, " (valid: 0..",
+                   kNumAlgos - 1, ")");
+  return static_cast<Algo>(v);
+}
+
 DType dtype_from_int(int v) {
   PYRING_CHECK_ARG(v >= 0 && v < kNumDTypes, "unknown dtype code ", v, " (valid: 0..",
                    kNumDTypes - 1, ")");

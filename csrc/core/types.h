@@ -7,7 +7,8 @@
 
 namespace pyring {
 
-// Values are part of the binding ABI (pyring/_dtypes.py mirrors them).
+// Codes and names of dtypes, ops and algorithms are defined here once; the bindings export
+// the names in code order (pyring._C.DTYPE_NAMES, OP_NAMES, ALGO_NAMES) and Python maps them.
 enum class DType : int {
   kFloat32 = 0,
   kFloat64 = 1,
@@ -23,7 +24,13 @@ constexpr int kNumDTypes = 8;
 enum class ReduceOp : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3, kProd = 4 };
 constexpr int kNumReduceOps = 5;
 
+// How a collective is carried out; kAuto lets the selector choose.
+enum class Algo : int { kAuto = 0, kRing = 1, kDirect = 2, kTree = 3 };
+constexpr int kNumAlgos = 4;
+
 size_t dtype_size(DType t);
+const char* algo_name(Algo a);
+Algo algo_from_int(int v);  // throws InvalidArgument naming the valid range
 const char* dtype_name(DType t);
 const char* op_name(ReduceOp op);
 DType dtype_from_int(int v);  // throws InvalidArgument naming the valid range

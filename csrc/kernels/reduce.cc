@@ -78,6 +78,19 @@ void finish_impl(const void* a, const void* b, void* out, size_t n, int world) {
 }
 
 template <class T>
+void finish_wide_impl(ReduceOp op, const void* acc, void* out, size_t n, int world) {
+  using Acc = typename Elem<T>::Acc;
+  const Acc* pa = static_cast<const Acc*>(acc);
+  T* po = static_cast<T*>(out);
+  if (op == ReduceOp::kAvg) {
+    const Acc div = static_cast<Acc>(world);
+    for (size_t i = 0; i < n; ++i) po[i] = Elem<T>::narrow(static_cast<Acc>(pa[i] / div));
+  } else {
+    for (size_t i = 0; i < n; ++i) po[i] = Elem<T>::narrow(pa[i]);
+  }
+}
+
+template <class T>
 void widen_impl(const void* a, void* acc, size_t n) {
   using Acc = typename Elem<T>::Acc;
   const T* pa = static_cast<const T*>(a);
@@ -150,6 +163,10 @@ void reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void* b, v
 void reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
                    int world) {
   PYRING_DISPATCH(dtype, finish_op, op, a, b, out, n, world);
+}
+
+void finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size_t n, int world) {
+  PYRING_DISPATCH(dtype, finish_wide_impl, op, acc, out, n, world);
 }
 
 void widen(DType dtype, const void* a, void* acc, size_t n) {

@@ -19,6 +19,9 @@ void reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void* b, v
 void reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
                    int world);
 
+// out[i] = narrow(finish(acc[i])): avg divides by world; acc holds accum_dtype(dtype).
+void finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size_t n, int world);
+
 // acc[i] = widen(a[i])
 void widen(DType dtype, const void* a, void* acc, size_t n);
 

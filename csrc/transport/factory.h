@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/types.h"
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 

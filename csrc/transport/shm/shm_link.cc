@@ -87,7 +87,7 @@ bool ShmLink::progress_send() {
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);
     wake_peer();
-    bytes_sent_ += fill;
+    count_sent(fill);
     moved = true;
   }
   return moved;
@@ -113,7 +113,7 @@ bool ShmLink::progress_recv() {
     }
     if (r.spec.on_piece) r.spec.on_piece(src, r.done, n);
     r.done += n;
-    bytes_received_ += n;
+    count_received(n);
     slot_offset_ += n;
     moved = true;
     if (slot_offset_ == len) {

@@ -8,7 +8,7 @@
 #include <deque>
 #include <memory>
 
-#include "transport/link.h"
+#include "core/link.h"
 #include "transport/shm/shm_segment.h"
 
 namespace pyring {

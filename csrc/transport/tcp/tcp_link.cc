@@ -56,7 +56,7 @@ bool TcpLink::progress_send() {
       if (errno == EINTR) continue;
       fail("send", errno);
     }
-    bytes_sent_ += static_cast<size_t>(n);
+    count_sent(static_cast<size_t>(n));
     moved = true;
     size_t left = static_cast<size_t>(n);
     while (left > 0) {
@@ -89,7 +89,7 @@ bool TcpLink::progress_recv() {
     }
     if (n == 0) fail("recv", 0);
     moved = true;
-    bytes_received_ += static_cast<size_t>(n);
+    count_received(static_cast<size_t>(n));
     if (r.spec.copy_to) {
       r.received += static_cast<size_t>(n);
       if (r.received - r.done >= staging_.size() || r.received == total) {

@@ -4,7 +4,7 @@
 #include <deque>
 #include <vector>
 
-#include "transport/link.h"
+#include "core/link.h"
 
 namespace pyring {
 

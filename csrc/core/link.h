@@ -1,4 +1,5 @@
 // The Link interface: moves byte ranges between this rank and one peer, in both directions.
+// Implementations live in transport/ (one folder per transport); the Communicator owns them.
 //
 // Contract:
 // - Sends and receives are queued and complete in the order they were posted, per direction.
@@ -62,14 +63,21 @@ class Link {
   // Tells the peer that this rank gave up; later calls on this link fail.
   virtual void abort() {}
 
-  // Bytes moved over this link since it was created.
-  uint64_t bytes_sent() const { return bytes_sent_; }
-  uint64_t bytes_received() const { return bytes_received_; }
+  // Bytes moved over this link since it was created, collective headers included. Readable
+  // from any thread while the link is driven.
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  protected:
+  // Called by the driving thread as bytes leave or arrive.
+  void count_sent(size_t n) { bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
+  void count_received(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+
   int peer_;
-  uint64_t bytes_sent_ = 0;
-  uint64_t bytes_received_ = 0;
+
+ private:
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
 };
 
 }  // namespace pyring

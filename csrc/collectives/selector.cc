@@ -1,0 +1,211 @@
+#include "collectives/selector.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "collectives/collectives.h"
+#include "core/errors.h"
+
+namespace pyring {
+
+namespace {
+
+// The class of the links a team of `component` crosses: tcp when a node at that component
+// spans hosts (or shm is off), else shm.
+LinkClass component_class(const Communicator& comm, int component) {
+  const Topology& t = comm.topology();
+  const int D = t.levels();
+  auto spans = [&](const std::vector<int>& g) {
+    for (int r : g) {
+      if (comm.link_class(g.front(), r) == LinkClass::kTcp) return true;
+    }
+    return false;
+  };
+  if (component >= D) return spans(comm.ring_order()) ? LinkClass::kTcp : LinkClass::kShm;
+  for (const auto& g : t.groups[static_cast<size_t>(component)]) {
+    if (spans(g)) return LinkClass::kTcp;
+  }
+  return LinkClass::kShm;
+}
+
+double steps(const LinkModel& m, double count, double bytes_each) {
+  return count * (m.alpha_s + bytes_each / m.bytes_per_s);
+}
+
+}  // namespace
+
+std::string human_bytes(size_t bytes) {
+  char buf[32];
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) {
+    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
+  } else if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) {
+    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%zu B", bytes);
+  }
+  return buf;
+}
+
+Estimate estimate_allreduce(const Communicator& comm, size_t bytes) {
+  const Options& o = comm.options();
+  const double n = static_cast<double>(bytes);
+  const double N = comm.size();
+  const double gamma = o.reduce_bytes_per_s;
+  const LinkClass ring_class = component_class(comm, comm.topology().levels());
+  const LinkModel& r = o.links[static_cast<size_t>(ring_class)];
+  Estimate e;
+  e.ring_s = steps(r, 2 * (N - 1), n / N) + (N - 1) / N * n / gamma;
+  e.direct_s = steps(r, N - 1, n) + (N - 1) * n / gamma;
+  // Tree: folds in and out, then reduce-scatter up the components, allreduce at the top,
+  // allgather down. Its schedule is the same on every rank.
+  const TreePlan& plan = comm.tree_plan();
+  double active = 1;
+  for (int s : plan.shape) active *= s;
+  const double folds = N / active - 1;  // ranks each active rank stands in for, on average
+  double t = folds > 0 ? 2 * steps(r, std::max(1.0, folds), n) + folds * n / gamma : 0;
+  double region = n;
+  int top = -1;
+  for (size_t c = 0; c < plan.shape.size(); ++c) {
+    if (plan.shape[c] > 1) top = static_cast<int>(c);
+  }
+  for (int c = 0; c <= top; ++c) {
+    const double s = plan.shape[static_cast<size_t>(c)];
+    if (s < 2) continue;
+    const LinkModel& m = o.links[static_cast<size_t>(component_class(comm, c))];
+    t += steps(m, 2 * (s - 1), region / s) + (s - 1) / s * region / gamma;
+    region /= s;
+  }
+  e.tree_s = t;
+  return e;
+}
+
+Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested) {
+  Algo algo = requested;
+  std::string why;
+  if (algo == Algo::kAuto) {
+    const Estimate e = estimate_allreduce(comm, bytes);
+    const TreePlan& plan = comm.tree_plan();
+    const int groups = plan.shape.back();
+    const LinkClass top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
+    // The tree must beat the ring clearly: on one group it is the ring itself.
+    const bool tree_differs = plan.teams.size() > 1 || !plan.folded.empty() || !plan.active ||
+                              groups > 1;
+    if (e.direct_s <= e.ring_s && (e.direct_s <= e.tree_s || !tree_differs)) {
+      algo = Algo::kDirect;
+      why = str_cat("estimated ", e.direct_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
+                    " us: ", comm.size() - 1, " dependent hops instead of ",
+                    2 * (comm.size() - 1));
+    } else if (tree_differs && e.tree_s < 0.97 * e.ring_s) {
+      algo = Algo::kTree;
+      why = str_cat(groups, " groups over ", link_class_name(top), "; estimated ",
+                    e.tree_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
+                    " us, which would send ", 2.0 * (comm.size() - 1) / comm.size() /
+                    (2.0 * (groups - 1) / std::max(1, groups)),
+                    "x the bytes over them");
+    } else {
+      algo = Algo::kRing;
+      why = tree_differs ? str_cat("estimated ", e.ring_s * 1e6, " us against the tree's ",
+                                   e.tree_s * 1e6, " us")
+                         : std::string("one group: the tree would be the ring itself");
+    }
+  } else {
+    why = "requested";
+  }
+  comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
+  if (comm.options().log_level >= 1) {
+    comm.log_once(1, str_cat("all_reduce/", static_cast<int>(requested), "/",
+                             static_cast<int>(algo)),
+                  str_cat("all_reduce ", human_bytes(bytes), ": ", algo_name(algo), " (", why,
+                          ")"));
+  }
+  return algo;
+}
+
+Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes) {
+  const char* name =
+      kind == CollectiveKind::kAllGather ? "all_gather_into_tensor" : "reduce_scatter_tensor";
+  const TreePlan& plan = comm.tree_plan();
+  const bool even = !comm.address_order().empty() && plan.teams.size() > 1;
+  const Options& o = comm.options();
+  const double n = static_cast<double>(bytes), N = comm.size();
+  const LinkModel& r =
+      o.links[static_cast<size_t>(component_class(comm, comm.topology().levels()))];
+  const double ring = steps(r, N - 1, n / N);
+  double tree = n / o.reduce_bytes_per_s;  // the permutation
+  double region = n;
+  for (const Team& t : plan.teams) {
+    const double s = static_cast<double>(t.ranks.size());
+    tree += steps(o.links[static_cast<size_t>(component_class(comm, t.component))], s - 1,
+                  region / s);
+    region /= s;
+  }
+  Algo algo = Algo::kRing;
+  std::string why;
+  if (!even) {
+    why = plan.teams.size() > 1 ? "the topology is uneven; the tree needs every group alike"
+                                : "one group: the tree would be the ring itself";
+  } else if (o.algo == Algo::kTree) {
+    algo = Algo::kTree;
+    why = "requested";
+  } else if (o.algo != Algo::kAuto) {
+    why = "requested";
+  } else if (tree < 0.97 * ring) {
+    algo = Algo::kTree;
+    why = str_cat(plan.shape.back(), " groups; estimated ", tree * 1e6,
+                  " us against the ring's ", ring * 1e6, " us");
+  } else {
+    why = str_cat("estimated ", ring * 1e6, " us against the tree's ", tree * 1e6, " us");
+  }
+  comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
+  if (o.log_level >= 1) {
+    comm.log_once(1, str_cat(name, "/", static_cast<int>(algo)),
+                  str_cat(name, " ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")"));
+  }
+  return algo;
+}
+
+void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+                    Deadline deadline) {
+  if (comm.size() == 1 || out.count == 0) return ring_reduce_scatter(comm, in, out, op, deadline);
+  if (select_gather_scatter(comm, CollectiveKind::kReduceScatter, in.bytes()) == Algo::kTree) {
+    return tree_reduce_scatter(comm, in, out, op, deadline);
+  }
+  ring_reduce_scatter(comm, in, out, op, deadline);
+}
+
+void allgather(Communicator& comm, const BufferView& in, const BufferView& out,
+               Deadline deadline) {
+  if (comm.size() == 1 || in.count == 0) return ring_allgather(comm, in, out, deadline);
+  if (select_gather_scatter(comm, CollectiveKind::kAllGather, out.bytes()) == Algo::kTree) {
+    return tree_allgather(comm, in, out, deadline);
+  }
+  ring_allgather(comm, in, out, deadline);
+}
+
+void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes) {
+  comm.calls().by_algo[static_cast<size_t>(Algo::kRing)].fetch_add(1, std::memory_order_relaxed);
+  if (comm.options().log_level < 1) return;
+  const char* name = kind == CollectiveKind::kBroadcast ? "broadcast" : "barrier";
+  const char* why =
+      "the ring follows the topology, so each slower link carries the buffer once, the "
+      "fewest bytes any schedule can move across it";
+  comm.log_once(1, str_cat("ring/", name),
+                str_cat(name, " ", human_bytes(bytes), ": ring (", why, ")"));
+}
+
+void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
+               Algo algo, Deadline deadline) {
+  switch (select_allreduce(comm, in.bytes(), algo)) {
+    case Algo::kRing:
+      return ring_allreduce(comm, in, out, op, deadline);
+    case Algo::kDirect:
+      return direct_allreduce(comm, in, out, op, deadline);
+    case Algo::kTree:
+      return tree_allreduce(comm, in, out, op, deadline);
+    case Algo::kAuto:
+      break;
+  }
+  PYRING_THROW(InvalidArgument, "the selector returned no algorithm for all_reduce");
+}
+
+}  // namespace pyring
