@@ -5,8 +5,10 @@
 
 beta_c is the bandwidth while a buffer stays in cache, beta_m once it streams from memory: of a
 buffer larger than S, the share S/n still moves at cache speed. A link without such an effect
-fits with beta_c = beta_m. Both betas are *effective*: they fold in the local reduction. Fitted
-by least squares on relative error with every coefficient >= 0, S by search over powers of two.
+fits with beta_c = beta_m. A token-bucket link (tc tbf) instead sends the first B bytes of each
+step at beta_c, f = min(1, B N / n): its parameters carry "burst" = B (fit with split="step").
+Both betas are *effective*: they fold in the local reduction. Fitted by least squares on
+relative error with every coefficient >= 0, S (or B) by search over powers of two.
 """
 
 from __future__ import annotations
@@ -75,23 +77,32 @@ def predict(params: dict[str, Any], algo: str, world: int, size: float) -> float
     return 2 * (world - 1) * step(params, size, world)
 
 
-def step(params: dict[str, Any], size: float, world: int) -> float:
-    """One of the ring's 2(N-1) steps: alpha plus n/N bytes at the buffer's bandwidth."""
-    f = min(1.0, params["spill"] / size) if size > 0 else 1.0
-    return params["alpha"] + size / world * (f / params["beta_c"] + (1 - f) / params["beta_m"])
+def step(params: dict[str, Any], size: float, world: int, flows: int = 1) -> float:
+    """One of the 2(N-1) steps of a ring over a buffer (or a tree's region) of `size` bytes on
+    `world` ranks: alpha plus size/world bytes for each of `flows` flows sharing the link."""
+    b = flows * size / world  # bytes over the link in this step
+    if params.get("burst"):
+        f = min(1.0, params["burst"] / b) if b > 0 else 1.0
+    else:
+        f = min(1.0, params["spill"] / size) if size > 0 else 1.0
+    return params["alpha"] + b * (f / params["beta_c"] + (1 - f) / params["beta_m"])
 
 
-def fit(points: list[dict[str, Any]]) -> dict[str, Any]:
+def fit(points: list[dict[str, Any]], split: str | None = "buffer") -> dict[str, Any]:
     """Points carry algo, world, size and t (s); returns the parameters with the smallest worst
-    relative error over the spill sizes 4 KiB .. 1 GiB."""
+    relative error over the spill sizes S: 4 KiB .. 1 GiB of the buffer (split 'buffer'), or
+    the burst B: 1 KiB .. 64 MiB of each step (split 'step'); None fits one beta."""
     best: tuple[float, dict[str, Any]] | None = None
-    for k in range(12, 31):
-        spill = float(2**k)
-        rows = [(features(p["algo"], p["world"], p["size"], spill), p["t"]) for p in points]
+    ks = {"buffer": range(12, 31), "step": range(10, 27)}.get(split or "", [])
+    for spill in [float(2**k) for k in ks] or [math.inf]:
+        per = split == "step"  # f = B / (n/N) is features' S / n with S = B N
+        rows = [(features(p["algo"], p["world"], p["size"], spill * (p["world"] if per else 1)),
+                 p["t"]) for p in points]
         x = _nnls(rows)
         worst = max(abs(sum(a * b for a, b in zip(f, x)) / t - 1) for f, t in rows)
         if best is None or worst < best[0] - 1e-12:
-            best = (worst, params_of(x, spill))
+            params = params_of(x, math.inf if per else spill)
+            best = (worst, {**params, "burst": spill} if per else params)
     assert best is not None
     return best[1]
 

@@ -5,6 +5,7 @@ allreduce time and data-parallel training speedup at 8..4096 ranks for a given t
     python bench/costmodel.py        # every bench/results/allreduce_*.json, median per size
     python bench/costmodel.py --fit bench/results/allreduce_*.json --topology 8x8:pcie:25gbe
     python bench/costmodel.py --topology 4x8:pcie:eth=30/2.5 --grad-mb 98 --compute-ms 180
+    python bench/costmodel.py --tree-topology 2x2x2:pcie4:pcie:upi --hosts  # skip hosts_*.json
 
 Model (bench/_alphabeta.py; n bytes, N ranks), one parameter set per link class:
   ring    T = 2(N-1) alpha + 2(N-1)/N n (f / beta_c + (1 - f) / beta_m),  f = min(1, S / n)
@@ -22,11 +23,22 @@ Topology "HxG:INTRA:INTER": G ranks per host joined by INTRA, hosts by INTER (cu
 host count). The ring visits each host's ranks in turn, so each of its 2(N-1) steps moves n/N
 bytes over every link at once and lasts as long as the slowest class it crosses:
   T_ring = 2(N-1) max_c (alpha_c + n / (N beta_c)).
+Tree (bench/_tree_model.py): topology "S_k x .. x S_0:C_0:..:C_k" (teams outermost first,
+classes innermost first); level l has s_l ranks per team over class c_l, k_l = s_0 .. s_{l-1}
+flows sharing each of its links, and the region n_l left by the levels below:
+  T_tree = sum_l 2(s_l - 1) (alpha_c + k_l n_l / s_l (f_l / beta_c + (1 - f_l) / beta_m)),
+  n_0 = n, n_{l+1} = n_l / s_l, f_l = min(1, S / n_l) (a token bucket: min(1, B s_l / (k_l n_l))).
+A level-l group sends 2(s_l - 1)/s_l n over its link, the ring 2(N-1)/N n over every link.
+Inter-host classes eth<rate>-emu (veth-emu unshaped) from bench/hosts.py runs (status ok):
+fitted on the pyring ring rows (T_ring above, pyring-shm held fixed inside a host) with a token
+bucket's split (the first B bytes of each step at beta_c, bench/_alphabeta.py), then checked
+on the tree rows (out of sample).
 Training (weak scaling, per-rank compute t_c(N), backward t_b, overlap o in [0, 1]):
   speedup(N) = N t_c(1) / (t_c(N) + max(0, T_ring(gradient bytes, N) - o t_b)).
 Validation: in-sample and leave-one-point-out error of every allreduce row; other world sizes
 (fit the rest, predict them); scaling.py's speedups (o = 0, its measured compute times).
-Writes bench/results/costmodel_<tag>.json and a PNG of predicted time and speedup vs ranks.
+Writes bench/results/costmodel_<tag>.json (tree predictions under "tree", inter-host fits under
+"inter_host") and a PNG of predicted time and speedup vs ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import _alphabeta as ab
+import _tree_model as tm
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results"
@@ -51,6 +64,8 @@ PRESETS = {  # alpha (s), beta (B/s): typical, stated assumptions, not measured 
     "10gbe": (30e-6, 1.15e9),  # TCP goodput ~ 92% of line rate
     "25gbe": (25e-6, 2.9e9),
     "100gbe": (15e-6, 11.5e9),
+    "upi": (8e-6, 20e9),  # GPU peer traffic between sockets through both CPUs (UPI/xGMI):
+    # a typical effective figure for a dual-socket PCIe server, not measured
 }
 DEFAULT_TOPOLOGIES = ("8x8:pcie:25gbe", "8x8:pcie:100gbe", "1x1:-:25gbe", "8x2:pyring-shm:10gbe")
 REFERENCE = "mpi-"  # fitted and reported, but no prediction here rests on these classes
@@ -245,13 +260,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overlap", type=float, default=0.0,
                    help="share of backward that hides communication (0: none, 1: all)")
     p.add_argument("--max-ranks", type=int, default=4096)
+    p.add_argument("--hosts", nargs="*", default=None, metavar="JSON", help="bench/hosts.py "
+                   "results to fit inter-host classes on (default: bench/results/hosts_*.json)")
+    p.add_argument("--tree-topology", action="append", default=None, metavar="Sx..xS:C:..:C",
+                   help="tree vs ring, repeatable (default: "
+                   + " ".join(tm.TREE_TOPOLOGIES.values()) + ")")
     p.add_argument("--tag", default="model")
     return p.parse_args(argv)
 
 
 def describe(params: dict[str, Any]) -> str:
+    where = (f"for the first {human(params['burst'])}B of each step" if params.get("burst")
+             else "in cache")
     text = (f"ring: alpha {params['alpha'] * 1e6:.2f} us, beta {params['beta_c'] / 1e9:.2f} GB/s "
-            f"in cache, {params['beta_m'] / 1e9:.2f} GB/s beyond {human(params['spill'])}B")
+            f"{where}, {params['beta_m'] / 1e9:.2f} GB/s beyond "
+            f"{human(params.get('burst') or params['spill'])}B")
     if params.get("beta_d"):
         text += (f"; direct: alpha {params['alpha_d'] * 1e6:.2f} us, beta "
                  f"{params['beta_d'] / 1e9:.2f} GB/s")
@@ -309,7 +332,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{v['speedup']:5.2f}  predicted {v['pred']:5.2f}  {pct(v['err'])}  (comm "
                   f"{v['comm_pred_s'] * 1e3:.2f} ms predicted, "
                   f"{(v['comm_meas_s'] or 0) * 1e3:.2f} ms measured alone)")
-    known = set(fits) | set(PRESETS) | {"-"}
+    host_paths = (args.hosts if args.hosts is not None
+                  else sorted(glob.glob(str(RESULTS / "hosts_*.json"))))
+    shm = fits.get("pyring-shm", {}).get("params")
+    host_fits = tm.fit_hosts(tm.load_hosts(host_paths), shm) if shm and host_paths else {}
+    if host_paths and not shm:
+        print("# no pyring-shm class to hold fixed: inter-host classes not fitted")
+    tm.print_hosts(host_fits, describe, pct)
+    classes = {**fits, **host_fits}  # what topologies may name, besides presets
+    known = set(classes) | set(PRESETS) | {"-"}
     topos = args.topology or [t for t in DEFAULT_TOPOLOGIES
                               if set(parse_topology(t)[2:]) <= known]
     n, tc = args.grad_mb * 2**20, args.compute_ms * 1e-3
@@ -325,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                  if inter or r <= per]  # one host only without an inter-host class
         pred[topo] = [{"ranks": r, "allreduce_s": t, "speedup": speedup(
             tc, tc, t, workload["backward_s"], args.overlap, r)}
-            for r in ranks for t in [ring_time(topo, fits, n, r)]]
+            for r in ranks for t in [ring_time(topo, classes, n, r)]]
         for c in pred[topo]:
             if c["ranks"] in (8, 64, 512, 4096) or c["ranks"] == hosts * per:
                 print(f"   {topo:24s} {c['ranks']:5d} ranks  allreduce "
@@ -339,12 +370,19 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(errs)
             print(f"# worst |error| over the {'reference' if ref else 'modelled'} points: "
                   f"{100 * worst[0]:.1f}% ({worst[1]}; target {100 * args.target:.0f}%)")
+    tree: dict[str, Any] = {}
+    for name, spec in ({t: t for t in args.tree_topology} if args.tree_topology
+                       else tm.TREE_TOPOLOGIES).items():
+        tree[name] = tm.predict(spec, lambda c: link(c, classes))
+        tm.print_prediction(name, tree[name])
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"costmodel_{args.tag}.json"
     doc = {"benchmark": "costmodel", "command": sys.argv, "fit_files": fit_paths,
            "scaling_files": scaling_paths, "mode": args.mode, "presets": PRESETS,
            "fits": fits, "cross_world": cw, "scaling_validation": sc, "workload": workload,
-           "predictions": pred, "model": __doc__}
+           "predictions": pred, "model": __doc__,
+           "inter_host": tm.finite({"files": host_paths, "fits": host_fits}),
+           "tree": tm.finite({"model": tm.__doc__, "predictions": tree})}
     out.write_text(json.dumps(doc, indent=1, default=str))
     msg = plot(pred, workload, out.with_suffix(".png"))
     print(f"# wrote {out}" + (f" ({msg})" if msg else f" and {out.with_suffix('.png').name}"))

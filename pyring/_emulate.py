@@ -175,6 +175,7 @@ class EmulatedHosts:
         self.subnet: ipaddress.IPv4Network | None = None
         self._made: list[str] = []  # namespaces created so far, in creation order
         self._procs: list[subprocess.Popen] = []  # launchers of the current run
+        self._tmp: str | None = None  # the current run's specs, logs and results
         self._runs = 0
 
     @property
@@ -256,11 +257,17 @@ class EmulatedHosts:
                 pass
         self._procs = []
 
+    def _end_run(self) -> None:
+        self._kill()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
     def close(self) -> None:
         """Kills this object's processes and removes its namespaces; idempotent."""
         if os.getpid() != self._pid:  # a forked child owns nothing
             return
-        self._kill()
+        self._end_run()
         for ns in reversed(self._made):
             _sh("ip", "netns", "del", ns, check=False)
         self._made = []
@@ -287,13 +294,12 @@ class EmulatedHosts:
             raise ValueError(f"ranks_per_host: {self.hosts} counts >= 1 needed, got {counts}")
         world, port = sum(counts), 29500 + self._runs % 1000
         self._runs += 1
-        tmp = tempfile.mkdtemp(prefix=self.prefix)
+        self._tmp = tmp = tempfile.mkdtemp(prefix=self.prefix)
         try:
             self._spawn(counts, list(argv), env or {}, tmp, port, shared_shm)
             return self._wait(world, tmp, timeout, grace, progress)
         finally:
-            self._kill()
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._end_run()
 
     def _spawn(self, counts: list[int], argv: list[str], env: dict[str, str], tmp: str,
                port: int, shared_shm: bool) -> None:

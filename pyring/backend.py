@@ -21,6 +21,7 @@ Contracts:
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 from .api import init
@@ -139,6 +140,17 @@ def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
                              f"elements, expected {single.dtype} with {single.numel()}")
 
 
+def _group_topology(size: int) -> str | None:
+    """An explicit PYRING_TOPOLOGY names the default group's ranks; a smaller subgroup detects
+    its own topology instead."""
+    import torch.distributed as dist
+
+    spec = os.environ.get("PYRING_TOPOLOGY", "auto")
+    if spec in ("auto", "flat") or not dist.is_initialized() or size == dist.get_world_size():
+        return None
+    return "auto"
+
+
 class ProcessGroupPyring(_ProcessGroup):
     """A torch.distributed ProcessGroup backed by one pyring Communicator (``.comm``)."""
 
@@ -147,7 +159,8 @@ class ProcessGroupPyring(_ProcessGroup):
         self._group_name = self._group_desc = ""
         if timeout == default_pg_timeout:
             timeout = None  # torch's default, not the user's: PYRING_TIMEOUT applies
-        self.comm = init(rank, size, store, timeout, set_default=False)
+        self.comm = init(rank, size, store, timeout, topology=_group_topology(size),
+                         set_default=False)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME

@@ -85,9 +85,9 @@ std::unique_ptr<Communicator> make_communicator(
     py::gil_scoped_release nogil;
     links = make_links(setup, peers, Deadline::after(timeout_s));
   }
-  return std::make_unique<Communicator>(rank, size, opts, std::move(topology),
-                                        std::move(host_of), shm_within_host,
-                                        std::move(links.by_rank), std::move(links.keepalive));
+  return std::make_unique<Communicator>(rank, size, opts, std::move(topology), std::move(host_of),
+                                        shm_within_host, std::move(links.by_rank),
+                                        std::move(links.keepalive));
 }
 
 Algo call_algo(Communicator& c, int algo) {
@@ -177,8 +177,7 @@ void register_communicator(py::module_& m) {
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
            py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
            py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
-           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"),
-           py::arg("model"))
+           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -192,57 +191,59 @@ void register_communicator(py::module_& m) {
              Link& l = c.link(peer);
              return std::make_pair(l.bytes_sent(), l.bytes_received());
            })
-      .def("raw_stats",
-           [](Communicator& c) {
-             py::dict links, calls;
-             for (int p = 0; p < c.size(); ++p) {
-               if (!c.has_link(p)) continue;
-               Link& l = c.link(p);
-               links[py::int_(p)] = py::make_tuple(l.kind(), l.bytes_sent(), l.bytes_received());
-             }
-             for (int a = 1; a < kNumAlgos; ++a) {
-               calls[py::str(algo_name(static_cast<Algo>(a)))] =
-                   c.calls().by_algo[static_cast<size_t>(a)].load(std::memory_order_relaxed);
-             }
-             return py::make_tuple(links, calls);
-           },
-           "({peer: (transport, bytes sent, bytes received)}, {algorithm: calls}) since start.")
-      .def("estimate_allreduce",
-           [](Communicator& c, size_t bytes) {
-             Estimate e = estimate_allreduce(c, bytes);
-             py::dict d;
-             d["ring"] = e.ring_s;
-             d["direct"] = e.direct_s;
-             d["tree"] = e.tree_s;
-             return d;
-           },
-           py::arg("bytes"), "The selector's time estimates in seconds, per algorithm.")
+      .def(
+          "raw_stats",
+          [](Communicator& c) {
+            py::dict links, calls;
+            for (int p = 0; p < c.size(); ++p) {
+              if (!c.has_link(p)) continue;
+              Link& l = c.link(p);
+              links[py::int_(p)] = py::make_tuple(l.kind(), l.bytes_sent(), l.bytes_received());
+            }
+            for (int a = 1; a < kNumAlgos; ++a) {
+              calls[py::str(algo_name(static_cast<Algo>(a)))] =
+                  c.calls().by_algo[static_cast<size_t>(a)].load(std::memory_order_relaxed);
+            }
+            return py::make_tuple(links, calls);
+          },
+          "({peer: (transport, bytes sent, bytes received)}, {algorithm: calls}) since start.")
+      .def(
+          "estimate_allreduce",
+          [](Communicator& c, size_t bytes) {
+            Estimate e = estimate_allreduce(c, bytes);
+            py::dict d;
+            d["ring"] = e.ring_s;
+            d["direct"] = e.direct_s;
+            d["tree"] = e.tree_s;
+            return d;
+          },
+          py::arg("bytes"), "The selector's time estimates in seconds, per algorithm.")
       .def_property_readonly("ring_order", &Communicator::ring_order)
       .def("close",
            [](Communicator& c) {
              py::gil_scoped_release nogil;
              c.close();
            })
-      .def("all_reduce",
-           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-              bool async_op, int algo) {
-             BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
-             ReduceOp rop = op_from_int(op);
-             Algo a = call_algo(c, algo);
-             return launch(c, async_op, desc_of("all_reduce", vi, op),
-                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
-           },
-           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-           py::arg("async_op"), py::arg("algo") = -1)
+      .def(
+          "all_reduce",
+          [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
+             bool async_op, int algo) {
+            BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
+            ReduceOp rop = op_from_int(op);
+            Algo a = call_algo(c, algo);
+            return launch(c, async_op, desc_of("all_reduce", vi, op),
+                          [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
+          },
+          py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("async_op"), py::arg("algo") = -1)
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
               bool async_op) {
              BufferView vi = view(in, out_count * static_cast<size_t>(c.size()), dtype);
              BufferView vo = view(out, out_count, dtype);
              ReduceOp rop = op_from_int(op);
-             return launch(
-                 c, async_op, desc_of("reduce_scatter_tensor", vi, op),
-                 [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
+             return launch(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
+                           [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
            })
       .def("all_gather",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,

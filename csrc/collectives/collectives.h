@@ -25,6 +25,13 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
 void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline);
 
+// The tree cuts large buffers into slices that pipeline its levels: while slice k crosses the
+// top level, slice k+1 climbs the lower ones and slice k-1 comes back down them, so the
+// slowest link stays busy. tree_slices() is how many, for `teams` teams of more than one rank.
+constexpr size_t kTreeSliceBytes = 2 << 20;
+constexpr size_t kTreeMaxSlices = 16;
+size_t tree_slices(size_t bytes, size_t teams);
+
 // Runs the algorithm the selector picks for `algo` (kAuto: by size, world and topology).
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                Algo algo, Deadline deadline);
@@ -49,8 +56,7 @@ void tree_allgather(Communicator& comm, const BufferView& in, const BufferView& 
 // Run the algorithm the selector picks (ring or tree).
 void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline);
-void allgather(Communicator& comm, const BufferView& in, const BufferView& out,
-               Deadline deadline);
+void allgather(Communicator& comm, const BufferView& in, const BufferView& out, Deadline deadline);
 
 // buf on every rank = buf on `root`, pipelined along the ring.
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline);

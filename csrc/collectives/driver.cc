@@ -14,12 +14,27 @@ namespace {
 constexpr int kMaxSleepMs = 50;  // how often a blocked rank re-checks its peers
 }  // namespace
 
-void drive(std::vector<Link*> links, Deadline deadline, int spin_us) {
-  const auto spin = std::chrono::microseconds(spin_us);
+namespace {
+void dedup(std::vector<Link*>& links) {
   links.erase(std::remove(links.begin(), links.end(), nullptr), links.end());
   std::sort(links.begin(), links.end());
   links.erase(std::unique(links.begin(), links.end()), links.end());
+}
+}  // namespace
+
+void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
+           std::vector<Link*> background) {
+  const auto spin = std::chrono::microseconds(spin_us);
+  dedup(links);
   const size_t n = links.size();
+  // links[0, n) must go idle; the background links after them only keep moving.
+  dedup(background);
+  for (Link* l : background) {
+    if (!std::binary_search(links.begin(), links.begin() + static_cast<long>(n), l)) {
+      links.push_back(l);
+    }
+  }
+  const size_t all = links.size();
   auto idle_since = Clock::now();
   auto last_check = idle_since;
   unsigned polls = 0;
@@ -27,7 +42,7 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us) {
     // Idleness is read after every link has progressed: a piece landing on one link may post
     // a send on another.
     bool moved = false, idle = true;
-    for (size_t i = 0; i < n; ++i) moved |= links[i]->progress();
+    for (size_t i = 0; i < all; ++i) moved |= links[i]->progress();
     for (size_t i = 0; i < n && idle; ++i) idle = links[i]->idle();
     if (idle) return;
     if (moved) {
@@ -47,14 +62,14 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us) {
     }
     if (deadline.expired()) {
       std::string what;
-      for (size_t i = 0; i < n; ++i) what += str_cat(i ? "; " : "", links[i]->pending());
+      for (size_t i = 0; i < all; ++i) what += str_cat(i ? "; " : "", links[i]->pending());
       PYRING_THROW(TimeoutError, "Timed out waiting: ", what);
     }
-    wait_for_links(links.data(), n, deadline.remaining_ms(kMaxSleepMs));
+    wait_for_links(links.data(), all, deadline.remaining_ms(kMaxSleepMs));
     polls = 64;
     idle_since = Clock::now();
     if (idle_since - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
-      for (size_t i = 0; i < n; ++i) links[i]->check_peer();
+      for (size_t i = 0; i < all; ++i) links[i]->check_peer();
       last_check = idle_since;
     }
   }

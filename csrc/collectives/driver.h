@@ -4,16 +4,18 @@
 #include <initializer_list>
 #include <vector>
 
-#include "core/types.h"
 #include "core/link.h"
+#include "core/types.h"
 
 namespace pyring {
 
 // Calls progress() on `links` (any number; duplicates and nulls allowed) until all are idle.
 // Polls for `spin_us` microseconds without progress, then blocks; each time it wakes it checks
 // the peers. Throws CommError when a peer dies or gives up, TimeoutError at `deadline` naming
-// what was still pending.
-void drive(std::vector<Link*> links, Deadline deadline, int spin_us);
+// what was still pending. `background` links are progressed too but need not go idle: an
+// earlier phase still in flight beside this one.
+void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
+           std::vector<Link*> background = {});
 inline void drive(std::initializer_list<Link*> links, Deadline deadline, int spin_us) {
   drive(std::vector<Link*>(links), deadline, spin_us);
 }

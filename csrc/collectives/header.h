@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "core/types.h"
 #include "core/link.h"
+#include "core/types.h"
 
 namespace pyring {
 

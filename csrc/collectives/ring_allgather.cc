@@ -14,10 +14,10 @@ void ring_allgather(Communicator& comm, const BufferView& in, const BufferView& 
   uint8_t* own = out.at(static_cast<size_t>(comm.rank()) * m);
   if (own != in.data && bytes > 0) std::memcpy(own, in.data, bytes);
   if (comm.size() == 1 || bytes == 0) return;
-  const PhaseInfo info{CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum, out.count, -1,
-                       comm.size()};
-  ag_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
-           Parts::blocks(comm.ring_order(), m), static_cast<uint8_t*>(out.data), info, deadline);
+  const PhaseInfo info{
+      CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum, out.count, -1, comm.size()};
+  ag_phase(comm, SubRing::of(comm.ring_order(), comm.rank()), Parts::blocks(comm.ring_order(), m),
+           static_cast<uint8_t*>(out.data), info, deadline);
 }
 
 }  // namespace pyring

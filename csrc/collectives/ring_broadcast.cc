@@ -2,8 +2,8 @@
 //
 // Broadcast: the root sends to its right; every other rank receives from its left straight into
 // the buffer and forwards each piece as it lands, except the rank just before the root.
-// Barrier: a one-byte token travels the ring twice from the ring's first rank; the second lap starts only
-// after every rank has entered, so no rank leaves before all have arrived.
+// Barrier: a one-byte token travels the ring twice from the ring's first rank; the second lap
+// starts only after every rank has entered, so no rank leaves before all have arrived.
 #include "collectives/collectives.h"
 #include "collectives/driver.h"
 #include "collectives/header.h"
@@ -17,10 +17,10 @@ void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadlin
   if (comm.size() == 1 || buf.bytes() == 0) return;
   note_ring_collective(comm, CollectiveKind::kBroadcast, buf.bytes());
   const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());
-  const PhaseInfo info{CollectiveKind::kBroadcast, buf.dtype, ReduceOp::kSum, buf.count, root,
-                       comm.size()};
-  bcast_phase(comm, ring, SubRing::of(comm.ring_order(), root).pos,
-              static_cast<uint8_t*>(buf.data), buf.bytes(), info, deadline);
+  const PhaseInfo info{
+      CollectiveKind::kBroadcast, buf.dtype, ReduceOp::kSum, buf.count, root, comm.size()};
+  bcast_phase(comm, ring, SubRing::of(comm.ring_order(), root).pos, static_cast<uint8_t*>(buf.data),
+              buf.bytes(), info, deadline);
 }
 
 void ring_barrier(Communicator& comm, Deadline deadline) {

@@ -61,9 +61,8 @@ size_t part_of(const SubRing& ring, long steps) {
 // Posts the reduce-scatter steps. on_own(e, data, cnt) receives the last step's pieces (part
 // pos), element e from the start of the buffer; other parts accumulate into acc and go right.
 template <class OnOwn>
-void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links,
-                         const uint8_t* src, DType src_type, uint8_t* acc, DType dtype,
-                         ReduceOp op, OnOwn on_own) {
+void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links, const uint8_t* src,
+                         DType src_type, uint8_t* acc, DType dtype, ReduceOp op, OnOwn on_own) {
   const int n = ring.size();
   const DType acc_type = accum_dtype(dtype);
   const size_t ssz = dtype_size(src_type), asz = dtype_size(acc_type);
@@ -113,8 +112,7 @@ void finish_piece(DType dtype, DType src_type, ReduceOp op, const uint8_t* src, 
   finish_wide(dtype, op, acc + e * asz, out, cnt, world);
 }
 
-void post_allgather(const SubRing& ring, const Parts& parts, Ends links, uint8_t* buf,
-                    size_t esz) {
+void post_allgather(const SubRing& ring, const Parts& parts, Ends links, uint8_t* buf, size_t esz) {
   const int n = ring.size();
   for (int s = 0; s < n - 1; ++s) {
     const size_t c = part_of(ring, -1 - s);
@@ -131,59 +129,79 @@ void post_allgather(const SubRing& ring, const Parts& parts, Ends links, uint8_t
   }
 }
 
+// Posts the phase's header on its ring links; no links for a ring of one.
+Posted start(Communicator& comm, const SubRing& ring, const PhaseInfo& info) {
+  Posted posted;
+  if (ring.size() < 2) return posted;
+  const Ends links = ends(comm, ring);
+  posted.left = links.left;
+  posted.right = links.right;
+  posted.header = std::make_unique<HeaderExchange>(comm.seq(), info.kind, info.dtype, info.op,
+                                                   info.count, info.root);
+  posted.header->post(links.left, links.right, comm.rank());
+  return posted;
+}
+
 }  // namespace
 
-void rs_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
-              DType src_type, uint8_t* acc, uint8_t* finish_out, const PhaseInfo& info,
-              Deadline deadline) {
-  if (ring.size() < 2) return;
-  const Ends links = ends(comm, ring);
-  HeaderExchange header(comm.seq(), info.kind, info.dtype, info.op, info.count, info.root);
-  header.post(links.left, links.right, comm.rank());
+void Posted::complete(Communicator& comm, Deadline deadline, std::vector<Link*> background) {
+  if (left) drive({left, right}, deadline, comm.spin_us(), std::move(background));
+}
+
+Posted post_rs(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+               DType src_type, uint8_t* acc, uint8_t* finish_out, const PhaseInfo& info) {
+  Posted posted = start(comm, ring, info);
+  if (!posted.left) return posted;
   const DType dtype = info.dtype;
   const size_t own_base = parts.off[static_cast<size_t>(ring.pos)];
   const size_t esz = dtype_size(dtype), asz = dtype_size(accum_dtype(dtype));
   const size_t ssz = dtype_size(src_type);
   const ReduceOp op = info.op;
   const int world = info.world;
-  post_reduce_scatter(ring, parts, links, src, src_type, acc, dtype, op,
+  post_reduce_scatter(ring, parts, Ends{posted.left, posted.right}, src, src_type, acc, dtype, op,
                       [=](size_t e, const uint8_t* data, size_t cnt) {
                         if (finish_out) {
                           finish_piece(dtype, src_type, op, src, acc, data,
                                        finish_out + (e - own_base) * esz, e, cnt, world);
                         } else {
-                          reduce_accumulate(src_type, op, src + e * ssz, data, acc + e * asz,
-                                            cnt);
+                          reduce_accumulate(src_type, op, src + e * ssz, data, acc + e * asz, cnt);
                         }
                       });
-  drive({links.left, links.right}, deadline, comm.spin_us());
+  return posted;
+}
+
+void rs_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+              DType src_type, uint8_t* acc, uint8_t* finish_out, const PhaseInfo& info,
+              Deadline deadline) {
+  post_rs(comm, ring, parts, src, src_type, acc, finish_out, info).complete(comm, deadline);
+}
+
+Posted post_ag(Communicator& comm, const SubRing& ring, const Parts& parts, uint8_t* buf,
+               const PhaseInfo& info) {
+  Posted posted = start(comm, ring, info);
+  if (!posted.left) return posted;
+  const size_t esz = dtype_size(info.dtype);
+  const size_t own = static_cast<size_t>(ring.pos);
+  posted.right->post_send(buf + parts.off[own] * esz, parts.len[own] * esz);
+  post_allgather(ring, parts, Ends{posted.left, posted.right}, buf, esz);
+  return posted;
 }
 
 void ag_phase(Communicator& comm, const SubRing& ring, const Parts& parts, uint8_t* buf,
               const PhaseInfo& info, Deadline deadline) {
-  if (ring.size() < 2) return;
-  const Ends links = ends(comm, ring);
-  const size_t esz = dtype_size(info.dtype);
-  HeaderExchange header(comm.seq(), info.kind, info.dtype, info.op, info.count, info.root);
-  header.post(links.left, links.right, comm.rank());
-  const size_t own = static_cast<size_t>(ring.pos);
-  links.right->post_send(buf + parts.off[own] * esz, parts.len[own] * esz);
-  post_allgather(ring, parts, links, buf, esz);
-  drive({links.left, links.right}, deadline, comm.spin_us());
+  post_ag(comm, ring, parts, buf, info).complete(comm, deadline);
 }
 
-void ar_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
-              DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info,
-              Deadline deadline) {
-  if (ring.size() < 2) return;
-  const Ends links = ends(comm, ring);
-  HeaderExchange header(comm.seq(), info.kind, info.dtype, info.op, info.count, info.root);
-  header.post(links.left, links.right, comm.rank());
+Posted post_ar(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+               DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info) {
+  Posted posted = start(comm, ring, info);
+  if (!posted.left) return posted;
   const DType dtype = info.dtype;
   const size_t esz = dtype_size(dtype);
   const ReduceOp op = info.op;
   const int world = info.world;
-  Link* right = links.right;
+  Link* right = posted.right;
+  const Ends links{posted.left, posted.right};
   post_reduce_scatter(ring, parts, links, src, src_type, acc, dtype, op,
                       [=](size_t e, const uint8_t* data, size_t cnt) {
                         finish_piece(dtype, src_type, op, src, acc, data, out + e * esz, e, cnt,
@@ -191,11 +209,17 @@ void ar_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const
                         right->post_send(out + e * esz, cnt * esz);
                       });
   post_allgather(ring, parts, links, out, esz);
-  drive({links.left, links.right}, deadline, comm.spin_us());
+  return posted;
 }
 
-void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t* buf,
-                 size_t bytes, const PhaseInfo& info, Deadline deadline) {
+void ar_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+              DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info,
+              Deadline deadline) {
+  post_ar(comm, ring, parts, src, src_type, acc, out, info).complete(comm, deadline);
+}
+
+void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t* buf, size_t bytes,
+                 const PhaseInfo& info, Deadline deadline) {
   if (ring.size() < 2 || bytes == 0) return;
   const Ends links = ends(comm, ring);
   const bool is_root = ring.pos == root_pos;

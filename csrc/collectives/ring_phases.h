@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "collectives/header.h"
@@ -40,11 +41,25 @@ struct Parts {
 // What every phase of one collective puts in its headers.
 struct PhaseInfo {
   CollectiveKind kind;
-  DType dtype;        // the caller's element type
+  DType dtype;  // the caller's element type
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;  // the collective's element count, for mismatch messages
   int root = -1;
-  int world = 1;       // the divisor of avg
+  int world = 1;  // the divisor of avg
+};
+
+// A phase whose header, receives and first sends are posted. Keep it alive until its links
+// are idle (its header lives here): complete() it, or keep its links moving as the background
+// of another phase on other links. Phases posted on one link complete in posting order, so
+// every rank must post them in the same order.
+struct Posted {
+  std::unique_ptr<HeaderExchange> header;
+  Link* left = nullptr;  // null: a ring of one rank, nothing to move
+  Link* right = nullptr;
+
+  std::vector<Link*> links() const { return {left, right}; }
+  // Drives the phase's links until idle, also moving `background` (see drive()).
+  void complete(Communicator& comm, Deadline deadline, std::vector<Link*> background = {});
 };
 
 // Reduce-scatter: part `pos` of the result is op over the ring of `src`, whose elements have
@@ -52,24 +67,29 @@ struct PhaseInfo {
 // unfinished (avg not divided) in acc, of type accum_dtype; otherwise it is finished and
 // rounded into finish_out (info.dtype, indexed from the start of part `pos`). Every other part
 // of acc is clobbered. src may be acc.
+Posted post_rs(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+               DType src_type, uint8_t* acc, uint8_t* finish_out, const PhaseInfo& info);
 void rs_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
               DType src_type, uint8_t* acc, uint8_t* finish_out, const PhaseInfo& info,
               Deadline deadline);
 
 // Allgather: part `pos` of buf (info.dtype) is this rank's; on return every part is filled.
+Posted post_ag(Communicator& comm, const SubRing& ring, const Parts& parts, uint8_t* buf,
+               const PhaseInfo& info);
 void ag_phase(Communicator& comm, const SubRing& ring, const Parts& parts, uint8_t* buf,
               const PhaseInfo& info, Deadline deadline);
 
 // Allreduce, reduce-scatter and allgather fused so that finished pieces travel on at once:
 // out (info.dtype) = finished op over the ring of src (src_type). acc (accum_dtype) holds the
 // partial results; it may be src, and may be out when the two types agree.
+Posted post_ar(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
+               DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info);
 void ar_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
-              DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info,
-              Deadline deadline);
+              DType src_type, uint8_t* acc, uint8_t* out, const PhaseInfo& info, Deadline deadline);
 
 // Broadcast: buf (bytes) on every rank = buf on the rank at position root_pos, pipelined
 // along the ring.
-void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t* buf,
-                 size_t bytes, const PhaseInfo& info, Deadline deadline);
+void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t* buf, size_t bytes,
+                 const PhaseInfo& info, Deadline deadline);
 
 }  // namespace pyring

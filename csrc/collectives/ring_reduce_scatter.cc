@@ -19,9 +19,9 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   }
   uint8_t* acc = comm.scratch(in.count * dtype_size(accum_dtype(dtype)));
   const PhaseInfo info{CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n};
-  rs_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
-           Parts::blocks(comm.ring_order(), m), static_cast<const uint8_t*>(in.data), dtype, acc,
-           static_cast<uint8_t*>(out.data), info, deadline);
+  rs_phase(comm, SubRing::of(comm.ring_order(), comm.rank()), Parts::blocks(comm.ring_order(), m),
+           static_cast<const uint8_t*>(in.data), dtype, acc, static_cast<uint8_t*>(out.data), info,
+           deadline);
 }
 
 }  // namespace pyring

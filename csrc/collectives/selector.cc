@@ -56,25 +56,34 @@ Estimate estimate_allreduce(const Communicator& comm, size_t bytes) {
   Estimate e;
   e.ring_s = steps(r, 2 * (N - 1), n / N) + (N - 1) / N * n / gamma;
   e.direct_s = steps(r, N - 1, n) + (N - 1) * n / gamma;
-  // Tree: folds in and out, then reduce-scatter up the components, allreduce at the top,
-  // allgather down. Its schedule is the same on every rank.
+  // Tree: folds in and out, then reduce-scatter up the teams, allreduce at the top, allgather
+  // down. The members of a group each run their own team above it, so `flows` of them share
+  // that group's link. K slices pipeline the levels: the sum of one slice's level times fills
+  // the pipeline, then each further slice costs the slowest level's time.
   const TreePlan& plan = comm.tree_plan();
   double active = 1;
-  for (int s : plan.shape) active *= s;
+  size_t teams = 0;
+  for (int s : plan.shape) {
+    active *= s;
+    teams += s > 1;
+  }
   const double folds = N / active - 1;  // ranks each active rank stands in for, on average
   double t = folds > 0 ? 2 * steps(r, std::max(1.0, folds), n) + folds * n / gamma : 0;
-  double region = n;
-  int top = -1;
+  const double slices = static_cast<double>(tree_slices(bytes, teams));
+  double region = n / slices, flows = 1, fill = 0, slowest = 0;
+  // From the shape, which every rank shares (a folded rank has no teams of its own).
   for (size_t c = 0; c < plan.shape.size(); ++c) {
-    if (plan.shape[c] > 1) top = static_cast<int>(c);
-  }
-  for (int c = 0; c <= top; ++c) {
-    const double s = plan.shape[static_cast<size_t>(c)];
+    const double s = plan.shape[c];
     if (s < 2) continue;
-    const LinkModel& m = o.links[static_cast<size_t>(component_class(comm, c))];
-    t += steps(m, 2 * (s - 1), region / s) + (s - 1) / s * region / gamma;
+    const LinkModel& m = o.links[static_cast<size_t>(component_class(comm, static_cast<int>(c)))];
+    const double level = 2 * (s - 1) * (m.alpha_s + region / s * flows / m.bytes_per_s) +
+                         (s - 1) / s * region / gamma;
+    fill += level;
+    slowest = std::max(slowest, level);
     region /= s;
+    flows *= s;
   }
+  t += fill + (slices - 1) * slowest;
   e.tree_s = t;
   return e;
 }
@@ -88,20 +97,26 @@ Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested) {
     const int groups = plan.shape.back();
     const LinkClass top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
     // The tree must beat the ring clearly: on one group it is the ring itself.
-    const bool tree_differs = plan.teams.size() > 1 || !plan.folded.empty() || !plan.active ||
-                              groups > 1;
+    // The tree differs from the ring when it has two teams or more, or folds (every rank
+    // computes this from the shape it shares).
+    int teams = 0;
+    double active = 1;
+    for (int s : plan.shape) {
+      teams += s > 1;
+      active *= s;
+    }
+    const bool tree_differs = teams > 1 || active < comm.size();
     if (e.direct_s <= e.ring_s && (e.direct_s <= e.tree_s || !tree_differs)) {
       algo = Algo::kDirect;
       why = str_cat("estimated ", e.direct_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
-                    " us: ", comm.size() - 1, " dependent hops instead of ",
-                    2 * (comm.size() - 1));
+                    " us: ", comm.size() - 1, " dependent hops instead of ", 2 * (comm.size() - 1));
     } else if (tree_differs && e.tree_s < 0.97 * e.ring_s) {
       algo = Algo::kTree;
-      why = str_cat(groups, " groups over ", link_class_name(top), "; estimated ",
-                    e.tree_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
-                    " us, which would send ", 2.0 * (comm.size() - 1) / comm.size() /
-                    (2.0 * (groups - 1) / std::max(1, groups)),
-                    "x the bytes over them");
+      why = str_cat(
+          groups, " groups over ", link_class_name(top), "; estimated ", e.tree_s * 1e6,
+          " us against the ring's ", e.ring_s * 1e6, " us, which would send ",
+          2.0 * (comm.size() - 1) / comm.size() / (2.0 * (groups - 1) / std::max(1, groups)),
+          "x the bytes over them");
     } else {
       algo = Algo::kRing;
       why = tree_differs ? str_cat("estimated ", e.ring_s * 1e6, " us against the tree's ",
@@ -113,10 +128,9 @@ Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested) {
   }
   comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
   if (comm.options().log_level >= 1) {
-    comm.log_once(1, str_cat("all_reduce/", static_cast<int>(requested), "/",
-                             static_cast<int>(algo)),
-                  str_cat("all_reduce ", human_bytes(bytes), ": ", algo_name(algo), " (", why,
-                          ")"));
+    comm.log_once(
+        1, str_cat("all_reduce/", static_cast<int>(requested), "/", static_cast<int>(algo)),
+        str_cat("all_reduce ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")"));
   }
   return algo;
 }
@@ -135,8 +149,8 @@ Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes
   double region = n;
   for (const Team& t : plan.teams) {
     const double s = static_cast<double>(t.ranks.size());
-    tree += steps(o.links[static_cast<size_t>(component_class(comm, t.component))], s - 1,
-                  region / s);
+    tree +=
+        steps(o.links[static_cast<size_t>(component_class(comm, t.component))], s - 1, region / s);
     region /= s;
   }
   Algo algo = Algo::kRing;
@@ -151,8 +165,8 @@ Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes
     why = "requested";
   } else if (tree < 0.97 * ring) {
     algo = Algo::kTree;
-    why = str_cat(plan.shape.back(), " groups; estimated ", tree * 1e6,
-                  " us against the ring's ", ring * 1e6, " us");
+    why = str_cat(plan.shape.back(), " groups; estimated ", tree * 1e6, " us against the ring's ",
+                  ring * 1e6, " us");
   } else {
     why = str_cat("estimated ", ring * 1e6, " us against the tree's ", tree * 1e6, " us");
   }
@@ -173,8 +187,7 @@ void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& 
   ring_reduce_scatter(comm, in, out, op, deadline);
 }
 
-void allgather(Communicator& comm, const BufferView& in, const BufferView& out,
-               Deadline deadline) {
+void allgather(Communicator& comm, const BufferView& in, const BufferView& out, Deadline deadline) {
   if (comm.size() == 1 || in.count == 0) return ring_allgather(comm, in, out, deadline);
   if (select_gather_scatter(comm, CollectiveKind::kAllGather, out.bytes()) == Algo::kTree) {
     return tree_allgather(comm, in, out, deadline);

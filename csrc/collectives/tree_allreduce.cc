@@ -10,6 +10,7 @@
 // order would put the whole buffer on the slow level.
 // Uneven trees: ranks past the shape fold into their stand-in before the teams run (their
 // whole input, reduced in rank order so results repeat exactly) and get the result back after.
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/collectives.h"
@@ -62,7 +63,59 @@ void fold_into(Communicator& comm, const BufferView& in, uint8_t* acc, const Pha
   }
 }
 
+// The parts of every team's phase for the region [base, base + count), lowest team first.
+std::vector<Parts> level_parts(const TreePlan& plan, size_t base, size_t count) {
+  std::vector<Parts> parts;
+  for (const Team& t : plan.teams) {
+    parts.push_back(Parts::even(base, count, t.ranks.size()));
+    base = parts.back().off[static_cast<size_t>(t.pos)];
+    count = parts.back().len[static_cast<size_t>(t.pos)];
+  }
+  return parts;
+}
+
+void run_slices(Communicator& comm, const TreePlan& plan, const uint8_t* src, DType src_type,
+                uint8_t* acc, uint8_t* out, size_t count, const PhaseInfo& info,
+                Deadline deadline) {
+  const size_t levels = plan.teams.size();
+  const DType acc_type = accum_dtype(info.dtype);
+  const size_t bytes = count * dtype_size(info.dtype);
+  const size_t slices = tree_slices(bytes, levels);
+  const Chunks cuts{count, slices};
+  std::vector<SubRing> rings;
+  for (const Team& t : plan.teams) rings.push_back(SubRing{t.ranks, t.pos});
+  std::vector<std::vector<Parts>> parts(slices);
+  auto down = [&](size_t k, const std::vector<Link*>& background) {
+    for (size_t i = levels - 1; i-- > 0;) {
+      post_ag(comm, rings[i], parts[k][i], out, info).complete(comm, deadline, background);
+    }
+  };
+  Posted top;
+  for (size_t k = 0; k < slices; ++k) {
+    parts[k] = level_parts(plan, cuts.offset(k), cuts.size(k));
+    const uint8_t* from = src;
+    DType from_type = src_type;
+    for (size_t i = 0; i + 1 < levels; ++i) {
+      post_rs(comm, rings[i], parts[k][i], from, from_type, acc, nullptr, info)
+          .complete(comm, deadline, top.links());
+      from = acc;
+      from_type = acc_type;
+    }
+    if (k > 0) top.complete(comm, deadline);
+    Posted next = post_ar(comm, rings.back(), parts[k].back(), from, from_type, acc, out, info);
+    if (k > 0) down(k - 1, next.links());
+    top = std::move(next);
+  }
+  top.complete(comm, deadline);
+  down(slices - 1, {});
+}
+
 }  // namespace
+
+size_t tree_slices(size_t bytes, size_t teams) {
+  if (teams < 2) return 1;
+  return std::max<size_t>(1, std::min(kTreeMaxSlices, bytes / kTreeSliceBytes));
+}
 
 void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline) {
@@ -90,27 +143,11 @@ void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
     src_type = acc_type;
   }
   const size_t levels = plan.teams.size();
-  std::vector<SubRing> rings;
-  std::vector<Parts> parts;
-  size_t base = 0, count = in.count;
-  for (size_t i = 0; i < levels; ++i) {
-    const Team& team = plan.teams[i];
-    rings.push_back(SubRing{team.ranks, team.pos});
-    parts.push_back(Parts::even(base, count, team.ranks.size()));
-    if (i + 1 == levels) break;
-    rs_phase(comm, rings[i], parts[i], src, src_type, acc, nullptr, info, deadline);
-    src = acc;
-    src_type = acc_type;
-    base = parts[i].off[static_cast<size_t>(team.pos)];
-    count = parts[i].len[static_cast<size_t>(team.pos)];
-  }
   if (levels == 0) {
     // Every rank folded into this one: src is the accumulated sum, in the accumulation type.
     finish_wide(dtype, op, src, out_bytes, in.count, n);
   } else {
-    ar_phase(comm, rings.back(), parts.back(), src, src_type, acc, out_bytes, info, deadline);
-    for (size_t i = levels - 1; i-- > 0;) ag_phase(comm, rings[i], parts[i], out_bytes, info,
-                                                   deadline);
+    run_slices(comm, plan, src, src_type, acc, out_bytes, in.count, info, deadline);
   }
   if (plan.folded.empty()) return;
   std::vector<Link*> links;

@@ -86,8 +86,8 @@ void tree_allgather(Communicator& comm, const BufferView& in, const BufferView& 
   const TreePlan& plan = comm.tree_plan();
   uint8_t* perm = comm.scratch(out.bytes());
   const std::vector<Parts> parts = team_parts(plan, out.count);
-  const size_t own = parts.empty() ? 0 : parts.back().off[static_cast<size_t>(
-                                              plan.teams.back().pos)];
+  const size_t own =
+      parts.empty() ? 0 : parts.back().off[static_cast<size_t>(plan.teams.back().pos)];
   std::memcpy(perm + own * dtype_size(in.dtype), in.data, block);
   const PhaseInfo info{CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum, out.count, -1, n};
   for (size_t i = parts.size(); i-- > 0;) {

@@ -26,8 +26,8 @@ Communicator::Communicator(int rank, int size, Options options, Topology topolog
       keepalive_(std::move(keepalive)) {
   PYRING_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
                    " out of range for world size ", size);
-  PYRING_CHECK_ARG(host_of_.size() == static_cast<size_t>(size), "host_of has ",
-                   host_of_.size(), " entries for world size ", size);
+  PYRING_CHECK_ARG(host_of_.size() == static_cast<size_t>(size), "host_of has ", host_of_.size(),
+                   " entries for world size ", size);
   topology_.validate(size);
   ring_order_ = topology_.ring_order();
   tree_plan_ = pyring::tree_plan(topology_, rank);

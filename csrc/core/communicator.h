@@ -124,7 +124,7 @@ class Communicator {
   CallCounters calls_;
   std::mutex log_mu_;
   std::set<std::string> logged_;  // guarded by log_mu_
-  ProgressEngine engine_;  // last: its thread stops before the links go away
+  ProgressEngine engine_;         // last: its thread stops before the links go away
 };
 
 }  // namespace pyring

@@ -89,10 +89,9 @@ void Topology::validate(int size) const {
     for (const auto& g : groups[l]) {
       size_t covered = 0;
       while (covered < g.size()) {
-        PYRING_CHECK_ARG(child < groups[l - 1].size() &&
-                             covered + groups[l - 1][child].size() <= g.size(),
-                         "a '", level_names[l - 1], "' group straddles two '", level_names[l],
-                         "' groups");
+        PYRING_CHECK_ARG(
+            child < groups[l - 1].size() && covered + groups[l - 1][child].size() <= g.size(),
+            "a '", level_names[l - 1], "' group straddles two '", level_names[l], "' groups");
         covered += groups[l - 1][child++].size();
       }
     }
@@ -136,7 +135,8 @@ Addresses addresses(const Topology& topo) {
       child_index[g] = children[static_cast<size_t>(parent)]++;
     }
     a.shape[l] = *std::min_element(children.begin(), children.end());
-    for (size_t r = 0; r < n; ++r) a.of[r][l] = child_index[static_cast<size_t>(group_of[l - 1][r])];
+    for (size_t r = 0; r < n; ++r)
+      a.of[r][l] = child_index[static_cast<size_t>(group_of[l - 1][r])];
   }
   a.shape[D] = static_cast<int>(topo.groups[D - 1].size());
   for (size_t r = 0; r < n; ++r) {

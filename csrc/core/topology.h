@@ -31,20 +31,20 @@ struct Topology {
 // A team: the ranks whose addresses equal this rank's except at one component, listed by that
 // component. Its ring phases cross the links of that component's level.
 struct Team {
-  int component = 0;     // 0: inside a level-0 group; D: across the top groups
+  int component = 0;  // 0: inside a level-0 group; D: across the top groups
   std::vector<int> ranks;
-  int pos = 0;           // this rank's index in `ranks`
+  int pos = 0;  // this rank's index in `ranks`
 };
 
 // This rank's part in the tree allreduce. Ranks whose address has a component at or past the
 // shape fold: they hand their input to `fold_target` (the rank at their address reduced modulo
 // the shape, inside the same top group when one exists) and get the result back from it.
 struct TreePlan {
-  std::vector<int> shape;    // s_0 .. s_D
+  std::vector<int> shape;  // s_0 .. s_D
   bool active = true;
-  int fold_target = -1;      // inactive ranks: the active rank that stands in for this one
-  std::vector<int> folded;   // active ranks: the ranks folded into this one, ascending
-  std::vector<Team> teams;   // active ranks: teams of more than one rank, lowest component first
+  int fold_target = -1;     // inactive ranks: the active rank that stands in for this one
+  std::vector<int> folded;  // active ranks: the ranks folded into this one, ascending
+  std::vector<Team> teams;  // active ranks: teams of more than one rank, lowest component first
 };
 
 TreePlan tree_plan(const Topology& topo, int rank);

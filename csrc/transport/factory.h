@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/types.h"
 #include "core/link.h"
+#include "core/types.h"
 
 namespace pyring {
 
