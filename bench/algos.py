@@ -4,9 +4,9 @@
     python bench/algos.py [--world 2] [--min-bytes 4K] [--max-bytes 64M] [--topology flat]
                           [--seconds 1.5] [--tag vm]
 
-For each size the ranks run the algorithms interleaved (auto, ring, direct, tree, auto, ...),
-one timed in-place float32 sum allreduce each, after an untimed barrier, so that every
-algorithm sees the same seconds of a shared machine. A row's time per algorithm is the median
+For each size the ranks run the algorithms interleaved, in a fresh order each round, one timed
+in-place float32 sum allreduce each, after an untimed barrier, so that every algorithm sees the
+same seconds of a shared machine. A row's time per algorithm is the median
 over iterations of the slowest rank's time. The check: auto within 5% of the best forced
 algorithm at every size (column auto/best). Writes bench/results/algos_<tag>_w<W>.json with the
 machine's description.
@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import multiprocessing as mp
+import random
 import statistics
 import sys
 import time
@@ -54,8 +55,12 @@ def _rank(rank: int, world: int, port: int, args: dict, sizes: list[int], out: m
         comm.all_reduce(x, algo="ring")  # warm-up: pages touched, scratch sized
         start = time.perf_counter()
         iters = 0
-        while iters < 5 or (time.perf_counter() - start < budget and iters < 2000):
-            for algo in ALGOS:
+        while True:
+            # A fresh order each round (the same on every rank), so that no algorithm always
+            # runs after the one that evicts the caches (direct's gathered copies).
+            order = list(ALGOS)
+            random.Random(iters).shuffle(order)
+            for algo in order:
                 x.fill_(1.0)
                 comm.barrier()
                 t0 = time.perf_counter()
@@ -63,10 +68,11 @@ def _rank(rank: int, world: int, port: int, args: dict, sizes: list[int], out: m
                 times[algo].append(time.perf_counter() - t0)
                 wrong += int((x != world).sum())
             iters += 1
-            # Every rank stops after the same iteration: rank 0 decides.
-            flag = torch.tensor([1.0 if time.perf_counter() - start < budget else 0.0])
+            # Rank 0's clock decides for every rank when the size is done.
+            more = iters < 5 or (time.perf_counter() - start < budget and iters < 2000)
+            flag = torch.tensor([1.0 if more else 0.0])
             comm.broadcast(flag, src=0)
-            if iters >= 5 and flag.item() == 0.0:
+            if flag.item() == 0.0:
                 break
         rows.append({"size": nbytes, "times": times, "wrong": wrong})
     out.put((rank, rows, comm.stats()["calls"]))

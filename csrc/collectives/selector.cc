@@ -88,49 +88,63 @@ Estimate estimate_allreduce(const Communicator& comm, size_t bytes) {
   return e;
 }
 
+namespace {
+
+// The auto choice for an allreduce of `bytes`; its reason goes to `why` when that is set.
+Algo choose_allreduce(const Communicator& comm, size_t bytes, std::string* why) {
+  const Estimate e = estimate_allreduce(comm, bytes);
+  const TreePlan& plan = comm.tree_plan();
+  // The tree differs from the ring when it has two teams or more, or folds (every rank
+  // computes this from the shape it shares); it must beat the ring clearly.
+  int teams = 0;
+  double active = 1;
+  for (int s : plan.shape) {
+    teams += s > 1;
+    active *= s;
+  }
+  const bool tree_differs = teams > 1 || active < comm.size();
+  const int n = comm.size();
+  if (e.direct_s <= e.ring_s && (e.direct_s <= e.tree_s || !tree_differs)) {
+    if (why) {
+      *why = str_cat("estimated ", e.direct_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
+                     " us: ", n - 1, " dependent hops instead of ", 2 * (n - 1));
+    }
+    return Algo::kDirect;
+  }
+  if (tree_differs && e.tree_s < 0.97 * e.ring_s) {
+    if (why) {
+      const int groups = plan.shape.back();
+      const LinkClass top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
+      *why = str_cat(groups, " groups over ", link_class_name(top), "; estimated ", e.tree_s * 1e6,
+                     " us against the ring's ", e.ring_s * 1e6, " us, which would send ",
+                     2.0 * (n - 1) / n / (2.0 * (groups - 1) / std::max(1, groups)),
+                     "x the bytes over them");
+    }
+    return Algo::kTree;
+  }
+  if (why) {
+    *why = tree_differs ? str_cat("estimated ", e.ring_s * 1e6, " us against the tree's ",
+                                  e.tree_s * 1e6, " us")
+                        : std::string("one group: the tree would be the ring itself");
+  }
+  return Algo::kRing;
+}
+
+}  // namespace
+
 Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested) {
   Algo algo = requested;
-  std::string why;
   if (algo == Algo::kAuto) {
-    const Estimate e = estimate_allreduce(comm, bytes);
-    const TreePlan& plan = comm.tree_plan();
-    const int groups = plan.shape.back();
-    const LinkClass top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
-    // The tree must beat the ring clearly: on one group it is the ring itself.
-    // The tree differs from the ring when it has two teams or more, or folds (every rank
-    // computes this from the shape it shares).
-    int teams = 0;
-    double active = 1;
-    for (int s : plan.shape) {
-      teams += s > 1;
-      active *= s;
-    }
-    const bool tree_differs = teams > 1 || active < comm.size();
-    if (e.direct_s <= e.ring_s && (e.direct_s <= e.tree_s || !tree_differs)) {
-      algo = Algo::kDirect;
-      why = str_cat("estimated ", e.direct_s * 1e6, " us against the ring's ", e.ring_s * 1e6,
-                    " us: ", comm.size() - 1, " dependent hops instead of ", 2 * (comm.size() - 1));
-    } else if (tree_differs && e.tree_s < 0.97 * e.ring_s) {
-      algo = Algo::kTree;
-      why = str_cat(
-          groups, " groups over ", link_class_name(top), "; estimated ", e.tree_s * 1e6,
-          " us against the ring's ", e.ring_s * 1e6, " us, which would send ",
-          2.0 * (comm.size() - 1) / comm.size() / (2.0 * (groups - 1) / std::max(1, groups)),
-          "x the bytes over them");
-    } else {
-      algo = Algo::kRing;
-      why = tree_differs ? str_cat("estimated ", e.ring_s * 1e6, " us against the tree's ",
-                                   e.tree_s * 1e6, " us")
-                         : std::string("one group: the tree would be the ring itself");
-    }
-  } else {
-    why = "requested";
+    algo = comm.cached_choice(bytes, [&] { return choose_allreduce(comm, bytes, nullptr); });
   }
   comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
   if (comm.options().log_level >= 1) {
     comm.log_once(
-        1, str_cat("all_reduce/", static_cast<int>(requested), "/", static_cast<int>(algo)),
-        str_cat("all_reduce ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")"));
+        1, str_cat("all_reduce/", static_cast<int>(requested), "/", static_cast<int>(algo)), [&] {
+          std::string why = "requested";
+          if (requested == Algo::kAuto) choose_allreduce(comm, bytes, &why);
+          return str_cat("all_reduce ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")");
+        });
   }
   return algo;
 }
@@ -172,8 +186,9 @@ Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes
   }
   comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
   if (o.log_level >= 1) {
-    comm.log_once(1, str_cat(name, "/", static_cast<int>(algo)),
-                  str_cat(name, " ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")"));
+    comm.log_once(1, str_cat(name, "/", static_cast<int>(algo)), [&] {
+      return str_cat(name, " ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")");
+    });
   }
   return algo;
 }
@@ -203,7 +218,7 @@ void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes)
       "the ring follows the topology, so each slower link carries the buffer once, the "
       "fewest bytes any schedule can move across it";
   comm.log_once(1, str_cat("ring/", name),
-                str_cat(name, " ", human_bytes(bytes), ": ring (", why, ")"));
+                [&] { return str_cat(name, " ", human_bytes(bytes), ": ring (", why, ")"); });
 }
 
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,

@@ -58,13 +58,22 @@ LinkClass Communicator::link_class(int a, int b) const {
   return same_host && shm_within_host_ ? LinkClass::kShm : LinkClass::kTcp;
 }
 
-void Communicator::log_once(int level, const std::string& key, const std::string& message) {
+void Communicator::log_once(int level, const std::string& key,
+                            const std::function<std::string()>& message) {
   if (options_.log_level < level) return;
   {
     std::lock_guard<std::mutex> lock(log_mu_);
     if (!logged_.insert(key).second) return;
   }
-  std::fprintf(stderr, "[pyring INFO] rank %d: %s\n", rank_, message.c_str());
+  std::fprintf(stderr, "[pyring INFO] rank %d: %s\n", rank_, message().c_str());
+}
+
+Algo Communicator::cached_choice(size_t bytes, const std::function<Algo()>& compute) {
+  std::lock_guard<std::mutex> lock(choice_mu_);
+  auto it = choices_.find(bytes);
+  if (it != choices_.end()) return it->second;
+  if (choices_.size() >= 4096) choices_.clear();  // bounded: sizes seen are few in practice
+  return choices_[bytes] = compute();
 }
 
 bool Communicator::has_link(int peer) const {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/progress.h"
@@ -99,8 +100,11 @@ class Communicator {
   uint64_t seq() const { return seq_; }
 
   CallCounters& calls() { return calls_; }
-  // Writes `message` to stderr once per distinct `key` when log_level >= `level`. Thread-safe.
-  void log_once(int level, const std::string& key, const std::string& message);
+  // Writes message() to stderr once per distinct `key` when log_level >= `level`. Thread-safe.
+  void log_once(int level, const std::string& key, const std::function<std::string()>& message);
+  // The selector's auto choice for a message of `bytes`, from compute() the first time.
+  // Thread-safe; every rank computes the same choice from the same inputs.
+  Algo cached_choice(size_t bytes, const std::function<Algo()>& compute);
 
  private:
   void execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
@@ -124,7 +128,9 @@ class Communicator {
   CallCounters calls_;
   std::mutex log_mu_;
   std::set<std::string> logged_;  // guarded by log_mu_
-  ProgressEngine engine_;         // last: its thread stops before the links go away
+  std::mutex choice_mu_;
+  std::unordered_map<size_t, Algo> choices_;  // guarded by choice_mu_
+  ProgressEngine engine_;                     // last: its thread stops before the links go away
 };
 
 }  // namespace pyring
