@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import weakref
@@ -91,6 +92,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
           "gpu_path": topology.local_gpu_path() if spec == "auto" else None,
+          "cores": len(os.sched_getaffinity(0)), "link_model": list(cfg.link_model),
           "addr": [host_ip, listener.port] if listener else None}
     segment = None
     names: list[str] = []
@@ -98,7 +100,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
         peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
         # Every rank sees the same peers, so a bad or differing spec fails on every rank here,
         # before any link is opened.
-        _agree(rank, peers, me, ("transport", "segment_bytes", "algo", "topology"))
+        _agree(rank, peers, me, ("transport", "segment_bytes", "algo", "topology",
+                                 "link_model"))
         topo = _topology(spec, peers, world)
         hosts = list(dict.fromkeys(p["host"] for p in peers))
         host_of = [hosts.index(p["host"]) for p in peers]
@@ -126,7 +129,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
                                _spin_us(local_world), specs, list(topo.levels), groups, host_of,
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
-                               cfg.link_model)
+                               _link_model(cfg.link_model, peers, host_of))
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
@@ -151,6 +154,23 @@ def _as_lists(spec: Any) -> Any:
     if isinstance(spec, (list, tuple)):
         return [_as_lists(x) for x in spec]
     return spec
+
+
+# A hop between ranks that share cores waits for the peer to be scheduled: the shm latency
+# fitted with 4 ranks on the development VM's 2 cores (bench/results/algos_vm_w4.json).
+OVERSUBSCRIBED_SHM_ALPHA_S = 25e-6
+
+
+def _link_model(model: tuple, peers: list[dict], host_of: list[int]) -> tuple:
+    """The selector's figures, the same on every rank: the shm latency rises to
+    OVERSUBSCRIBED_SHM_ALPHA_S when some host has more ranks than cores (and
+    PYRING_LINK_MODEL does not set it)."""
+    ranks = collections.Counter(host_of)
+    cores = {h: min(p["cores"] for p, g in zip(peers, host_of) if g == h) for h in ranks}
+    if any(ranks[h] > cores[h] for h in ranks) and "shm=" not in os.environ.get(
+            "PYRING_LINK_MODEL", ""):
+        return (max(model[0], OVERSUBSCRIBED_SHM_ALPHA_S),) + tuple(model[1:])
+    return model
 
 
 def _spin_us(local_world: int) -> int:

@@ -13,7 +13,7 @@ Contracts:
   reduce, gather, scatter, all-to-all), raise before any byte is sent.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
   collectives, ``async_op=True``) return at once, and the future (value: the list of output
-  tensors) completes on pyring's progress thread once the outputs hold the result. torch's
+  tensors) completes on a pyring callback thread once the outputs hold the result. torch's
   synchronous Python calls (``asyncOp`` False) run to completion before returning.
 - Deadline: ``init_process_group(timeout=...)`` when given, else ``PYRING_TIMEOUT`` (300 s).
 """
@@ -51,7 +51,7 @@ class PyringWork(_Work):
     """c10d's Work over one :class:`pyring.Work` (None: the collective already ran).
 
     ``wait(timeout)`` raises the collective's error (pyring.CommError) or pyring.CommTimeout.
-    ``get_future()`` completes with the list of output tensors, on pyring's progress thread;
+    ``get_future()`` completes with the list of output tensors, on one of pyring's callback threads;
     it is made on first request, except where outputs need a copy-out (``finish``), which runs
     in the future's callback before the future completes.
     """
@@ -98,7 +98,7 @@ class PyringWork(_Work):
         if not self.is_completed():
             return None
         try:
-            self.get_future().wait()  # set by the progress thread just after completion
+            self.get_future().wait()  # set by a callback thread just after completion
         except Exception as e:  # the future re-raises the collective's error
             return e
         return None

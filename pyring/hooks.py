@@ -35,7 +35,7 @@ def _communicator(state: Any) -> Communicator:
 def allreduce_hook(state: Any, bucket):
     """DDP comm hook: averages ``bucket.buffer()`` in place across the communicator's ranks
     (op "avg") and returns a ``torch.futures.Future`` whose value is that buffer. The future is
-    completed by pyring's progress thread; the autograd thread only queues the collective.
+    completed on a pyring callback thread; the autograd thread only queues the collective.
 
     ``state`` is a :class:`pyring.Communicator`, or None for the default communicator, created
     on first use from the default torch.distributed group's store if ``pyring.init`` has not

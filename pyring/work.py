@@ -11,7 +11,8 @@ class Work:
     """One queued collective.
 
     ``get_future()`` returns a ``torch.futures.Future`` whose value is the collective's output
-    tensor (or array); it completes from pyring's progress thread.
+    tensor (or array); it completes on a pyring callback thread, never the progress thread,
+    so its callbacks may launch collectives and wait on them.
     """
 
     __slots__ = ("_work", "_result", "_future")
@@ -28,7 +29,7 @@ class Work:
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise CommTimeout(f"{self._work.description}: not complete after {timeout} s")
         if self._future is not None:
-            # The progress thread sets the future just after the work completes.
+            # A callback thread sets the future just after the work completes.
             self._future.wait()
         return True
 

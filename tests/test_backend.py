@@ -162,13 +162,15 @@ def _subgroups_and_functional(rank, world):
     got["reduce_scatter"] = fc.reduce_scatter_single(torch.arange(2.0 * world), "sum", 0,
                                                      dist.group.WORLD).tolist()
     return got
-def _train(pg, rank):
+def _train(pg, rank, hook=None):
     torch.manual_seed(rank)  # ranks start apart; DDP broadcasts rank 0's weights
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
                                 torch.nn.ReLU(), torch.nn.Linear(16, 4))
     # A tiny bucket cap splits the gradients into several allreduces in flight at once.
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
                                                     bucket_cap_mb=0.0005)
+    if hook is not None:
+        ddp.register_comm_hook(*hook(pg))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(4):
@@ -184,8 +186,43 @@ def _ddp(rank, world):
     return {"pyring": _train(None, rank), "gloo": _train(gloo, rank)}
 
 
+def _powersgd(pg):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+    # Its then() callbacks launch allreduces and wait on them.
+    state = ps.PowerSGDState(process_group=pg, matrix_approximation_rank=1,
+                             start_powerSGD_iter=2, min_compression_rate=0.5, random_seed=0)
+    return state, ps.powerSGD_hook
+
+
+def _default_hook(pg):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return pg, default_hooks.fp16_compress_hook
+
+
+def _comm_hooks(rank, world):
+    gloo = dist.new_group(backend="gloo")
+    return {name: {"pyring": _train(None, rank, hook), "gloo": _train(gloo, rank, hook)}
+            for name, hook in (("powerSGD", _powersgd), ("fp16", _default_hook))}
+
+
+def _callbacks(rank, world):
+    """A callback on one collective's future launches a second one and waits on it."""
+    y = torch.ones(1000)
+
+    def then(fut):
+        dist.all_reduce(y, async_op=True).get_future().wait()
+        return float(y[0])
+
+    start = time.monotonic()
+    value = dist.all_reduce(torch.ones(10), async_op=True).get_future().then(then).wait()
+    return value, time.monotonic() - start
+
+
 PARTS = {"collectives": _collectives, "async_and_errors": _async_and_errors,
-         "groups": _subgroups_and_functional, "ddp": _ddp}
+         "groups": _subgroups_and_functional, "ddp": _ddp, "callbacks": _callbacks,
+         "comm_hooks": _comm_hooks}
 
 
 def _job(rank, world, store):
@@ -249,6 +286,23 @@ def test_ddp_matches_gloo(ranks):
             assert (a == b).all(), f"rank {r} parameters differ from rank 0's"
         for a, b in zip(res[r]["pyring"], res[r]["gloo"]):
             assert abs(a - b).max() <= 1e-6 * abs(b).max(), abs(a - b).max()
+
+
+def test_callback_may_run_collectives(ranks):
+    for value, seconds in (r["callbacks"] for r in ranks):
+        assert value == 3.0 and seconds < 10, (value, seconds)
+
+
+# fp16: gloo adds float16 in float16, pyring in float32 with one rounding; they agree to
+# float16's precision.
+@pytest.mark.parametrize("hook,tolerance", [("powerSGD", 1e-5), ("fp16", 1e-3)])
+def test_torch_comm_hooks_match_gloo(ranks, hook, tolerance):
+    res = [r["comm_hooks"][hook] for r in ranks]
+    for r in range(3):
+        for a, b in zip(res[r]["pyring"], res[0]["pyring"]):
+            assert (a == b).all(), f"rank {r} parameters differ from rank 0's"
+        for a, b in zip(res[r]["pyring"], res[r]["gloo"]):
+            assert abs(a - b).max() <= tolerance * abs(b).max(), abs(a - b).max()
 
 
 def test_torchrun(tmp_path):

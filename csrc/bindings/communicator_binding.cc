@@ -37,12 +37,28 @@ BufferView view(uintptr_t ptr, size_t count, int dtype) {
 using Groups = std::vector<std::vector<std::vector<int>>>;
 using ModelTuple = std::tuple<double, double, double, double, double>;
 
-std::unique_ptr<Communicator> make_communicator(
-    int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
-    uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
-    py::bytes secret, int algo, int spin_us, const std::vector<PeerTuple>& peer_tuples,
-    std::vector<std::string> level_names, Groups groups, std::vector<int> host_of,
-    bool shm_within_host, int log_level, const ModelTuple& model) {
+// Destroying a communicator joins its progress and callback threads, and a callback may be
+// waiting for the GIL: the GIL is released for the destruction.
+struct ReleaseGilDelete {
+  void operator()(Communicator* c) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      delete c;
+    } else {
+      delete c;
+    }
+  }
+};
+using CommunicatorPtr = std::unique_ptr<Communicator, ReleaseGilDelete>;
+
+CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t segment_bytes,
+                                  uint32_t local_index, uint32_t local_world,
+                                  std::shared_ptr<ShmSegment> segment, TcpListener* listener,
+                                  py::bytes secret, int algo, int spin_us,
+                                  const std::vector<PeerTuple>& peer_tuples,
+                                  std::vector<std::string> level_names, Groups groups,
+                                  std::vector<int> host_of, bool shm_within_host, int log_level,
+                                  const ModelTuple& model) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -85,9 +101,9 @@ std::unique_ptr<Communicator> make_communicator(
     py::gil_scoped_release nogil;
     links = make_links(setup, peers, Deadline::after(timeout_s));
   }
-  return std::make_unique<Communicator>(rank, size, opts, std::move(topology), std::move(host_of),
-                                        shm_within_host, std::move(links.by_rank),
-                                        std::move(links.keepalive));
+  return CommunicatorPtr(new Communicator(rank, size, opts, std::move(topology), std::move(host_of),
+                                          shm_within_host, std::move(links.by_rank),
+                                          std::move(links.keepalive)));
 }
 
 Algo call_algo(Communicator& c, int algo) {
@@ -172,7 +188,7 @@ void register_communicator(py::module_& m) {
           },
           py::arg("fn"), "Calls fn(error_or_None) once the work completes.");
 
-  py::class_<Communicator>(m, "Communicator")
+  py::class_<Communicator, CommunicatorPtr>(m, "Communicator")
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
            py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),

@@ -19,7 +19,7 @@ ProgressEngine::~ProgressEngine() {
 }
 
 std::shared_ptr<Work> ProgressEngine::submit(const CollectiveDesc& desc, std::function<void()> fn) {
-  auto work = std::make_shared<Work>(desc, std::move(fn));
+  auto work = std::make_shared<Work>(desc, std::move(fn), runner_);
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -121,6 +121,7 @@ void ProgressEngine::stop(const std::string& why) {
         CommError(str_cat(w->description(), ": not run, communicator closed (", why, ")"))));
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  runner_->stop();
 }
 
 }  // namespace pyring

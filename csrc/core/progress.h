@@ -31,8 +31,8 @@ class ProgressEngine {
   // or running it runs on the calling thread, which avoids a cross-thread wake-up.
   void run_sync(const CollectiveDesc& desc, const std::function<void()>& fn);
 
-  // Completes queued work with `error` (a CommError naming why) and joins the thread.
-  // Idempotent; the work already running finishes first.
+  // Completes queued work with `error` (a CommError naming why), joins the thread, then runs
+  // the callbacks still queued. Idempotent; the work already running finishes first.
   void stop(const std::string& why);
 
  private:
@@ -46,6 +46,8 @@ class ProgressEngine {
   bool stopping_ = false;  // guarded by mu_
   std::string stop_reason_;
   std::atomic<size_t> queued_{0};
+  // Declared before thread_: the thread's last completions may still post to it.
+  std::shared_ptr<CallbackRunner> runner_ = std::make_shared<CallbackRunner>();
   std::thread thread_;
 };
 

@@ -20,7 +20,8 @@ std::string CollectiveDesc::str() const {
   return s + ")";
 }
 
-Work::Work(CollectiveDesc desc, std::function<void()> fn) : desc_(desc), fn_(std::move(fn)) {}
+Work::Work(CollectiveDesc desc, std::function<void()> fn, std::shared_ptr<CallbackRunner> runner)
+    : desc_(desc), fn_(std::move(fn)), runner_(std::move(runner)) {}
 
 void Work::run() {
   std::exception_ptr err;
@@ -47,7 +48,10 @@ void Work::complete(std::exception_ptr error) {
     callbacks.swap(callbacks_);
   }
   cv_.notify_all();
-  for (auto& cb : callbacks) cb(error);
+  if (callbacks.empty()) return;
+  runner_->post([callbacks = std::move(callbacks), error] {
+    for (const auto& cb : callbacks) cb(error);
+  });
 }
 
 bool Work::wait(double timeout_s) {

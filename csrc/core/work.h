@@ -5,10 +5,12 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/callbacks.h"
 #include "core/types.h"
 
 namespace pyring {
@@ -28,10 +30,11 @@ struct CollectiveDesc {
 
 class Work {
  public:
-  // Called once, on the thread that completes the work, with the error (null on success).
+  // Called once with the error (null on success): on a thread of `runner` when the work
+  // completes, or on the adding thread when it already has.
   using Callback = std::function<void(std::exception_ptr)>;
 
-  Work(CollectiveDesc desc, std::function<void()> fn);
+  Work(CollectiveDesc desc, std::function<void()> fn, std::shared_ptr<CallbackRunner> runner);
 
   std::string description() const { return desc_.str(); }
   bool is_completed() const { return state_.load(std::memory_order_acquire) >= kDone; }
@@ -60,6 +63,7 @@ class Work {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Callback> callbacks_;
+  std::shared_ptr<CallbackRunner> runner_;
 };
 
 }  // namespace pyring
