@@ -10,6 +10,10 @@
 
 namespace pyring {
 
+// True, after finishing out, when there is nothing to exchange: out has no elements, or the
+// world is one rank (out = in, of out.count elements). For allreduce and reduce-scatter.
+bool nothing_to_exchange(const Communicator& comm, const BufferView& in, const BufferView& out);
+
 // out = op over ranks of in. in and out have the same count and dtype and may be the same
 // buffer. Ring: reduce-scatter then allgather, each chunk cut into segments and pipelined.
 void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,

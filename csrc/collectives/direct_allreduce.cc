@@ -19,11 +19,7 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
                       Deadline deadline) {
   const int n = comm.size();
   const DType dtype = in.dtype;
-  if (in.count == 0) return;
-  if (n == 1) {
-    finish_single(dtype, in.data, out.data, in.count);
-    return;
-  }
+  if (nothing_to_exchange(comm, in, out)) return;
   const size_t bytes = in.bytes();
   const DType acc_type = accum_dtype(dtype);
   uint8_t* gathered =

@@ -10,11 +10,7 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
                     Deadline deadline) {
   const int n = comm.size();
   const DType dtype = in.dtype;
-  if (in.count == 0) return;
-  if (n == 1) {
-    finish_single(dtype, in.data, out.data, in.count);
-    return;
-  }
+  if (nothing_to_exchange(comm, in, out)) return;
   const DType acc_type = accum_dtype(dtype);
   // Partial results live in `out` when they have the caller's type, else in float32 scratch.
   auto* out_bytes = static_cast<uint8_t*>(out.data);
@@ -23,6 +19,13 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   ar_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
            Parts::even(0, in.count, static_cast<size_t>(n)), static_cast<const uint8_t*>(in.data),
            dtype, acc, out_bytes, info, deadline);
+}
+
+bool nothing_to_exchange(const Communicator& comm, const BufferView& in, const BufferView& out) {
+  if (out.count == 0) return true;
+  if (comm.size() > 1) return false;
+  finish_single(in.dtype, in.data, out.data, out.count);
+  return true;
 }
 
 }  // namespace pyring

@@ -12,11 +12,7 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   const int n = comm.size();
   const DType dtype = in.dtype;
   const size_t m = out.count;
-  if (m == 0) return;
-  if (n == 1) {
-    finish_single(dtype, in.data, out.data, m);
-    return;
-  }
+  if (nothing_to_exchange(comm, in, out)) return;
   uint8_t* acc = comm.scratch(in.count * dtype_size(accum_dtype(dtype)));
   const PhaseInfo info{CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n};
   rs_phase(comm, SubRing::of(comm.ring_order(), comm.rank()), Parts::blocks(comm.ring_order(), m),

@@ -121,11 +121,7 @@ void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
                     Deadline deadline) {
   const int n = comm.size();
   const DType dtype = in.dtype;
-  if (in.count == 0) return;
-  if (n == 1) {
-    finish_single(dtype, in.data, out.data, in.count);
-    return;
-  }
+  if (nothing_to_exchange(comm, in, out)) return;
   const TreePlan& plan = comm.tree_plan();
   const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n};
   if (!plan.active) {

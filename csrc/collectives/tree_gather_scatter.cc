@@ -40,11 +40,7 @@ void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   const int n = comm.size();
   const DType dtype = in.dtype;
   const size_t m = out.count;
-  if (m == 0) return;
-  if (n == 1) {
-    finish_single(dtype, in.data, out.data, m);
-    return;
-  }
+  if (nothing_to_exchange(comm, in, out)) return;
   const std::vector<int>& order = comm.address_order();
   PYRING_CHECK_ARG(!order.empty(), "the tree reduce-scatter needs an even topology, not ",
                    comm.topology().str());
