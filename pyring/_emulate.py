@@ -15,7 +15,7 @@ Ownership: an EmulatedHosts removes exactly the namespaces it created (removing 
 removes its interfaces) and kills the processes it started, on close(), on exceptions inside
 ``with``, at exit and on SIGTERM/SIGINT (whose previous handlers then run). It needs root.
 
-This file imports only the standard library at module level: the launcher runs it by path.
+The launcher (pyring/_emulate_launch.py) is run by path and imports only the standard library.
 """
 
 from __future__ import annotations
@@ -136,6 +136,10 @@ def _pick_subnet(seed: int) -> ipaddress.IPv4Network:
         if not any(net.overlaps(u) for u in used):
             return net
     raise RuntimeError("no free /24 in 10.200.0.0-10.255.255.0 for emulated hosts")
+
+
+# One host's launcher, run by path inside the host's namespaces (standard library only).
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_emulate_launch.py")
 
 
 class RankFailure(RuntimeError):
@@ -321,7 +325,7 @@ class EmulatedHosts:
             spec = os.path.join(tmp, f"host{h}.json")
             with open(spec, "w") as f:
                 json.dump(ranks, f)
-            launcher = [sys.executable, "-I", os.path.abspath(__file__), "--launch", spec]
+            launcher = [sys.executable, "-I", _LAUNCHER, spec]
             prefix = ["unshare", "--ipc"]
             if not shared_shm:
                 prefix = [*prefix, "--mount", "--propagation", "private", "sh", "-c",
@@ -396,7 +400,9 @@ def _on_signal(signum: int, frame: Any) -> None:
 def _register(hosts: EmulatedHosts) -> None:
     if not _live and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            _old_handlers[sig] = signal.signal(sig, _on_signal)
+            # A signal the process ignores (SIGINT in a background job) stays ignored.
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                _old_handlers[sig] = signal.signal(sig, _on_signal)
     _live.add(hosts)
 
 
@@ -409,38 +415,3 @@ def _unregister(hosts: EmulatedHosts) -> None:
 
 
 atexit.register(_cleanup_all)
-
-
-def _launch(spec_path: str) -> int:
-    """One host's launcher: starts its ranks, records each exit status in its "rc" file."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def die_with_launcher() -> None:
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    with open(spec_path) as f:
-        ranks = json.load(f)
-    procs = {}
-    for r in ranks:
-        with open(r["out"], "w") as out, open(r["err"], "w") as err:
-            p = subprocess.Popen(r["argv"], env=r["env"], stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=err, preexec_fn=die_with_launcher)
-        procs[p.pid] = (p, r)  # the Popen stays referenced: its __del__ would reap the pid
-    status = 0
-    while procs:
-        pid, code = os.wait()
-        if pid not in procs:
-            continue
-        r = procs.pop(pid)[1]
-        rc = os.waitstatus_to_exitcode(code)
-        status = status or (rc != 0)
-        with open(r["rc"] + ".tmp", "w") as f:
-            f.write(str(rc))
-        os.replace(r["rc"] + ".tmp", r["rc"])
-    return status
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--launch"]:
-    sys.exit(_launch(sys.argv[2]))

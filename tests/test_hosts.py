@@ -151,7 +151,9 @@ def test_timeout_kills_every_rank(hosts):
 
 
 _SIGNALLED = """
-import importlib.util, sys, time
+import importlib.util, signal, sys, time
+# Python's own SIGINT handler, even where the test runs as a background job (SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 spec = importlib.util.spec_from_file_location("emulate", sys.argv[1])
 emulate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(emulate)
