@@ -137,8 +137,8 @@ def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s:
     except Exception as e:  # torch raises DistStoreError / RuntimeError on timeout
         missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
         raise CommTimeout(
-            f"rendezvous barrier '{name}' on rank {rank}: ranks {missing} did not arrive "
-            f"within {timeout_s:g} s ({e})"
+            f"Timed out: rendezvous barrier '{name}' on rank {rank}: ranks {missing} did not "
+            f"arrive within {timeout_s:g} s ({e})"
         ) from None
 
 
@@ -153,7 +153,8 @@ def exchange(store: Any, rank: int, world: int, info: dict, timeout_s: float) ->
     except Exception as e:
         missing = [r for r, k in zip(range(world), keys) if not store.check([k])]
         raise CommTimeout(
-            f"init on rank {rank}: ranks {missing} did not join within {timeout_s:g} s ({e})"
+            f"Timed out: init on rank {rank}: ranks {missing} did not join within {timeout_s:g} s "
+            f"({e})"
         ) from None
     return [json.loads(store.get(k)) for k in keys]
 

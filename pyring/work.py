@@ -27,7 +27,8 @@ class Work:
         the collective's error, or CommTimeout when ``timeout`` seconds pass first (the
         collective itself keeps running)."""
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
-            raise CommTimeout(f"{self._work.description}: not complete after {timeout} s")
+            raise CommTimeout(f"Timed out: {self._work.description} not complete after "
+                              f"{timeout} s")
         if self._future is not None:
             # A callback thread sets the future just after the work completes.
             self._future.wait()

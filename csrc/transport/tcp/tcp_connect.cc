@@ -53,7 +53,7 @@ void wait_fd(int fd, short events, Deadline deadline, const std::string& what) {
     int rc = poll(&p, 1, ms);
     if (rc > 0) return;
     if (rc < 0 && errno != EINTR) PYRING_CHECK_ERRNO(false, "poll during ", what);
-    if (deadline.expired()) PYRING_THROW(TimeoutError, "timed out during ", what);
+    if (deadline.expired()) PYRING_THROW(TimeoutError, "Timed out during ", what);
   }
 }
 
@@ -104,7 +104,7 @@ int connect_to(const TcpPeer& peer, int rank, Deadline deadline) {
     int err = errno;
     close(fd);
     if (deadline.expired()) {
-      PYRING_THROW(TimeoutError, "timed out ", what, ": ", strerror(err));
+      PYRING_THROW(TimeoutError, "Timed out ", what, ": ", strerror(err));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
