@@ -8,7 +8,8 @@ Communicator each) and the functional collectives.
 Contracts:
 - Tensors are CPU, dense and contiguous; each call carries one tensor (c10d's lists must hold
   exactly one), except the output list of ``all_gather`` and the input list of
-  ``reduce_scatter``, which hold one tensor per rank.
+  ``reduce_scatter``, which hold one tensor per rank, and ``allreduce_coalesced``, whose
+  tensors (one dtype) travel packed in one exchange.
 - Ops: SUM, AVG, MAX, MIN, PRODUCT. Anything else, and collectives pyring lacks (send, recv,
   reduce, gather, scatter, all-to-all), raise before any byte is sent.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
@@ -196,7 +197,25 @@ class ProcessGroupPyring(_ProcessGroup):
         return self._run(lambda a: self.comm.all_reduce(t, op, async_op=a), [t], opts)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> PyringWork:
-        return self.allreduce(_one(tensors, "allreduce_coalesced"), opts)
+        """Every tensor in one exchange: packed into one buffer, reduced, copied back."""
+        tensors = list(tensors)
+        if not tensors:
+            raise ValueError("pyring backend: allreduce_coalesced needs at least one tensor")
+        for i, t in enumerate(tensors):
+            if t.dtype != tensors[0].dtype:
+                raise ValueError(f"pyring backend: allreduce_coalesced tensor {i} is {t.dtype} "
+                                 f"but tensor 0 is {tensors[0].dtype}")
+        if len(tensors) == 1:
+            return self.allreduce(tensors, opts)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        op = opts.reduceOp if opts is not None else "sum"
+
+        def copy_back() -> None:
+            for t, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(piece.view_as(t))
+
+        return self._run(lambda a: self.comm.all_reduce(flat, op, async_op=a), tensors, opts,
+                         copy_back)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> PyringWork:
         t = _one(tensors, "broadcast")

@@ -207,6 +207,22 @@ def _comm_hooks(rank, world):
             for name, hook in (("powerSGD", _powersgd), ("fp16", _default_hook))}
 
 
+def _coalesced(rank, world):
+    """Tensors of several shapes in one all_reduce_coalesced, sync and async."""
+    got = {}
+    for async_op in (False, True):
+        ts = [torch.full((3,), float(rank)), torch.full((2, 2), rank + 1.0), torch.ones(0)]
+        work = dist.all_reduce_coalesced(ts, async_op=async_op)
+        if async_op:
+            work.wait()
+        got[async_op] = [t.tolist() for t in ts]
+    try:
+        dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)])
+    except ValueError as e:
+        got["mixed"] = str(e)
+    return got
+
+
 def _callbacks(rank, world):
     """A callback on one collective's future launches a second one and waits on it."""
     y = torch.ones(1000)
@@ -222,7 +238,7 @@ def _callbacks(rank, world):
 
 PARTS = {"collectives": _collectives, "async_and_errors": _async_and_errors,
          "groups": _subgroups_and_functional, "ddp": _ddp, "callbacks": _callbacks,
-         "comm_hooks": _comm_hooks}
+         "comm_hooks": _comm_hooks, "coalesced": _coalesced}
 
 
 def _job(rank, world, store):
@@ -286,6 +302,13 @@ def test_ddp_matches_gloo(ranks):
             assert (a == b).all(), f"rank {r} parameters differ from rank 0's"
         for a, b in zip(res[r]["pyring"], res[r]["gloo"]):
             assert abs(a - b).max() <= 1e-6 * abs(b).max(), abs(a - b).max()
+
+
+def test_all_reduce_coalesced(ranks):
+    for r in ranks:
+        for async_op in (False, True):
+            assert r["coalesced"][async_op] == [[3.0] * 3, [[6.0, 6.0], [6.0, 6.0]], []]
+        assert "dtype" in r["coalesced"]["mixed"] or "float64" in r["coalesced"]["mixed"]
 
 
 def test_callback_may_run_collectives(ranks):
