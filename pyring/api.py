@@ -9,7 +9,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, rendezvous, topology
+from . import _C, pci, rendezvous, topology
 from .communicator import Communicator
 from .config import ALGOS, resolve
 from .errors import Error
@@ -71,11 +71,10 @@ def _agree(rank: int, peers: list[dict], me: dict, keys: tuple[str, ...]) -> Non
                              f"use {[peers[r][key] for r in differ]}")
 
 
-def _topology(spec: Any, peers: list[dict], world: int) -> topology.Topology:
+def _topology(spec: Any, source: str, peers: list[dict], world: int) -> topology.Topology:
     """The same Topology on every rank, from the exchanged inputs alone."""
     if spec == "auto":
         return topology.detect([p["host"] for p in peers], [p["gpu_path"] for p in peers])
-    source = "PYRING_TOPOLOGY" if os.environ.get("PYRING_TOPOLOGY") == spec else "topology"
     return topology.parse(spec, world, source=source)
 
 
@@ -91,7 +90,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     spec = cfg.topology if isinstance(cfg.topology, str) else _as_lists(cfg.topology)
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
-          "gpu_path": topology.local_gpu_path() if spec == "auto" else None,
+          "gpu_path": pci.local_gpu_path() if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": list(cfg.link_model),
           "addr": [host_ip, listener.port] if listener else None}
     segment = None
@@ -102,7 +101,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
         # before any link is opened.
         _agree(rank, peers, me, ("transport", "segment_bytes", "algo", "topology",
                                  "link_model"))
-        topo = _topology(spec, peers, world)
+        topo = _topology(spec, cfg.topology_source, peers, world)
         hosts = list(dict.fromkeys(p["host"] for p in peers))
         host_of = [hosts.index(p["host"]) for p in peers]
         local = [r for r in range(world) if host_of[r] == host_of[rank]]
@@ -129,7 +128,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
                                _spin_us(local_world), specs, list(topo.levels), groups, host_of,
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
-                               _link_model(cfg.link_model, peers, host_of))
+                               _link_model(cfg, peers, host_of))
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
@@ -161,14 +160,14 @@ def _as_lists(spec: Any) -> Any:
 OVERSUBSCRIBED_SHM_ALPHA_S = 25e-6
 
 
-def _link_model(model: tuple, peers: list[dict], host_of: list[int]) -> tuple:
+def _link_model(cfg: Any, peers: list[dict], host_of: list[int]) -> tuple:
     """The selector's figures, the same on every rank: the shm latency rises to
-    OVERSUBSCRIBED_SHM_ALPHA_S when some host has more ranks than cores (and
-    PYRING_LINK_MODEL does not set it)."""
+    OVERSUBSCRIBED_SHM_ALPHA_S when some host has more ranks than cores, unless the user gave
+    shm figures."""
+    model = cfg.link_model
     ranks = collections.Counter(host_of)
     cores = {h: min(p["cores"] for p, g in zip(peers, host_of) if g == h) for h in ranks}
-    if any(ranks[h] > cores[h] for h in ranks) and "shm=" not in os.environ.get(
-            "PYRING_LINK_MODEL", ""):
+    if any(ranks[h] > cores[h] for h in ranks) and "shm" not in cfg.link_classes_set:
         return (max(model[0], OVERSUBSCRIBED_SHM_ALPHA_S),) + tuple(model[1:])
     return model
 

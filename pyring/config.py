@@ -31,7 +31,9 @@ class Config:
     debug: str
     socket_ifname: str | None
     topology: Any = "auto"  # "auto", "flat", an explicit spec string or nested lists
+    topology_source: str = "topology"  # where it came from, for messages
     link_model: tuple[float, float, float, float, float] = (4e-6, 4.9e9, 18e-6, 1e9, 2e9)
+    link_classes_set: frozenset = frozenset()  # the classes the user gave figures for
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -75,9 +77,10 @@ def _choice(name: str, value: str, valid: tuple[str, ...], upper: bool = False) 
     return v
 
 
-def parse_link_model(value: Any, source: str) -> tuple[float, float, float, float, float]:
+def parse_link_model(value: Any, source: str) -> tuple[tuple[float, ...], frozenset]:
     """{'tcp': (alpha_us, gbps), ...} or 'tcp=25/2.9,shm=4/5' (the keys of DEFAULT_LINK_MODEL)
-    over the defaults -> (shm alpha s, shm B/s, tcp alpha s, tcp B/s, reduce B/s)."""
+    over the defaults -> ((shm alpha s, shm B/s, tcp alpha s, tcp B/s, reduce B/s), the
+    classes given)."""
     model = dict(DEFAULT_LINK_MODEL)
     items: Any = value.items() if isinstance(value, dict) else None
     if items is None:
@@ -101,8 +104,9 @@ def parse_link_model(value: Any, source: str) -> tuple[float, float, float, floa
             raise ValueError(f"{source}: {name} needs alpha >= 0 and a positive bandwidth, "
                              f"got {figures!r}")
         model[name] = (alpha, gbps)
-    return (model["shm"][0] * 1e-6, model["shm"][1] * 1e9, model["tcp"][0] * 1e-6,
-            model["tcp"][1] * 1e9, model["reduce"][1] * 1e9)
+    figures = (model["shm"][0] * 1e-6, model["shm"][1] * 1e9, model["tcp"][0] * 1e-6,
+               model["tcp"][1] * 1e9, model["reduce"][1] * 1e9)
+    return figures, frozenset(name for name, _ in items)
 
 
 def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | None = None,
@@ -130,16 +134,18 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     else:
         alg = _choice("PYRING_ALGO", env.get("PYRING_ALGO", "auto"), ALGOS)
     debug = _choice("PYRING_DEBUG", env.get("PYRING_DEBUG", "WARN"), DEBUG_LEVELS, upper=True)
+    topology_source = "init(topology=...)"
     if topology is None:
         topology = env.get("PYRING_TOPOLOGY") or "auto"
+        topology_source = "PYRING_TOPOLOGY"
     elif not isinstance(topology, (str, list, tuple)):
         raise TypeError(f"init(topology=...) must be a str or nested lists of ranks, got "
                         f"{type(topology).__name__}")
     if link_model is not None:
-        model = parse_link_model(link_model, "init(link_model=...)")
+        model, given = parse_link_model(link_model, "init(link_model=...)")
     elif env.get("PYRING_LINK_MODEL"):
-        model = parse_link_model(env["PYRING_LINK_MODEL"], "PYRING_LINK_MODEL")
+        model, given = parse_link_model(env["PYRING_LINK_MODEL"], "PYRING_LINK_MODEL")
     else:
-        model = parse_link_model({}, "defaults")
+        model, given = parse_link_model({}, "defaults")
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
-                  topology, model)
+                  topology, topology_source, model, given)

@@ -43,6 +43,16 @@ Parts Parts::blocks(const std::vector<int>& ranks, size_t m) {
   return p;
 }
 
+std::vector<Parts> Parts::per_team(const TreePlan& plan, size_t base, size_t count) {
+  std::vector<Parts> parts;
+  for (const Team& t : plan.teams) {
+    parts.push_back(Parts::even(base, count, t.ranks.size()));
+    base = parts.back().off[static_cast<size_t>(t.pos)];
+    count = parts.back().len[static_cast<size_t>(t.pos)];
+  }
+  return parts;
+}
+
 namespace {
 
 struct Ends {

@@ -36,6 +36,9 @@ struct Parts {
   static Parts even(size_t base, size_t count, size_t n);
   // Part p is block ranks[p] of `m` elements: rank-ordered chunks in ring order.
   static Parts blocks(const std::vector<int>& ranks, size_t m);
+  // The parts of each of plan's teams for [base, base + count), lowest team first: each team
+  // cuts the part this rank owns at the team below, down to this rank's own part.
+  static std::vector<Parts> per_team(const TreePlan& plan, size_t base, size_t count);
 };
 
 // What every phase of one collective puts in its headers.

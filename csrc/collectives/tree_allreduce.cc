@@ -63,17 +63,6 @@ void fold_into(Communicator& comm, const BufferView& in, uint8_t* acc, const Pha
   }
 }
 
-// The parts of every team's phase for the region [base, base + count), lowest team first.
-std::vector<Parts> level_parts(const TreePlan& plan, size_t base, size_t count) {
-  std::vector<Parts> parts;
-  for (const Team& t : plan.teams) {
-    parts.push_back(Parts::even(base, count, t.ranks.size()));
-    base = parts.back().off[static_cast<size_t>(t.pos)];
-    count = parts.back().len[static_cast<size_t>(t.pos)];
-  }
-  return parts;
-}
-
 void run_slices(Communicator& comm, const TreePlan& plan, const uint8_t* src, DType src_type,
                 uint8_t* acc, uint8_t* out, size_t count, const PhaseInfo& info,
                 Deadline deadline) {
@@ -92,7 +81,7 @@ void run_slices(Communicator& comm, const TreePlan& plan, const uint8_t* src, DT
   };
   Posted top;
   for (size_t k = 0; k < slices; ++k) {
-    parts[k] = level_parts(plan, cuts.offset(k), cuts.size(k));
+    parts[k] = Parts::per_team(plan, cuts.offset(k), cuts.size(k));
     const uint8_t* from = src;
     DType from_type = src_type;
     for (size_t i = 0; i + 1 < levels; ++i) {

@@ -17,18 +17,6 @@ namespace pyring {
 
 namespace {
 
-// The parts of each team's phase, lowest team first, ending at this rank's own block.
-std::vector<Parts> team_parts(const TreePlan& plan, size_t count) {
-  std::vector<Parts> parts;
-  size_t base = 0;
-  for (const Team& t : plan.teams) {
-    parts.push_back(Parts::even(base, count, t.ranks.size()));
-    base = parts.back().off[static_cast<size_t>(t.pos)];
-    count = parts.back().len[static_cast<size_t>(t.pos)];
-  }
-  return parts;
-}
-
 size_t round8(size_t bytes) {
   return (bytes + 7) / 8 * 8;
 }
@@ -53,7 +41,7 @@ void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
     std::memcpy(perm + i * block, in.at(static_cast<size_t>(order[i]) * m), block);
   }
   const PhaseInfo info{CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n};
-  const std::vector<Parts> parts = team_parts(plan, in.count);
+  const std::vector<Parts> parts = Parts::per_team(plan, 0, in.count);
   const uint8_t* src = perm;
   DType src_type = dtype;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -81,7 +69,7 @@ void tree_allgather(Communicator& comm, const BufferView& in, const BufferView& 
                    comm.topology().str());
   const TreePlan& plan = comm.tree_plan();
   uint8_t* perm = comm.scratch(out.bytes());
-  const std::vector<Parts> parts = team_parts(plan, out.count);
+  const std::vector<Parts> parts = Parts::per_team(plan, 0, out.count);
   const size_t own =
       parts.empty() ? 0 : parts.back().off[static_cast<size_t>(plan.teams.back().pos)];
   std::memcpy(perm + own * dtype_size(in.dtype), in.data, block);
