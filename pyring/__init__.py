@@ -5,7 +5,8 @@
     pyring.all_reduce(tensor)       # in place, summed across ranks
 """
 
-from . import _C
+from . import _C, api
+from .api import DELEGATED as _DELEGATED
 from .api import (
     all_gather_into_tensor,
     all_reduce,
@@ -37,8 +38,9 @@ __all__ = [
     "Communicator", "CommError", "CommTimeout", "Error", "ReduceOp", "Work",
     "init", "destroy", "default", "is_initialized",
     "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
-    "cuda_device_count", "stats", "reset_stats", "Topology",
+    "cuda_device_count", "stats", "reset_stats", "Topology", *_DELEGATED,
 ]
+globals().update({_name: getattr(api, _name) for _name in _DELEGATED})
 from . import backend as _backend  # registers the "pyring" torch.distributed backend  # noqa: E402, F401
 
 __all__ += ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "hooks"]

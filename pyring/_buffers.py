@@ -89,3 +89,25 @@ def check_same_dtype(op: str, a: View, b: View, a_name: str, b_name: str) -> Non
 
 def overlaps(a: View, b: View) -> bool:
     return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+
+
+def bytes_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
+    """Like view_of, for ops that only move bytes: any element type (complex and bool too).
+    The view's dtype is that of the element type when pyring has it, else -1."""
+    if isinstance(obj, _Tensor):
+        if obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
+            _reject_torch(obj, op, name, 0)
+        n = obj.numel()
+        return _new_view(View, (obj.data_ptr(), n, _TORCH_CODES.get(obj.dtype, -1),
+                                n * obj.element_size()))
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"{op}: {name} is not C-contiguous (shape {obj.shape}, strides "
+                             f"{obj.strides})")
+        if writable and not obj.flags.writeable:
+            raise ValueError(f"{op}: {name} is read-only")
+        return View(obj.ctypes.data, obj.size, _NUMPY_CODES.get(obj.dtype, -1), obj.nbytes)
+    raise TypeError(
+        f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
+    )
+

@@ -87,13 +87,16 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     secret, job_id = job[:32], job[32:].hex()
     host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
     listener = _C.TcpListener(host_ip) if world > 1 else None
+    # Point-to-point messages travel links of their own, to every peer.
+    p2p_listener = _C.TcpListener(host_ip) if world > 1 else None
     spec = cfg.topology if isinstance(cfg.topology, str) else _as_lists(cfg.topology)
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
           "gpu_path": pci.local_gpu_path() if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": list(cfg.link_model),
-          "addr": [host_ip, listener.port] if listener else None}
-    segment = None
+          "addr": [host_ip, listener.port] if listener else None,
+          "p2p_port": p2p_listener.port if p2p_listener else None}
+    segment = p2p_segment = None
     names: list[str] = []
     try:
         peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
@@ -111,32 +114,36 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                              f"host, but only ranks {local} share this one")
         use_shm = cfg.transport != "tcp"
         groups = [[list(g) for g in level] for level in topo.groups]
-        specs, transports = [], {}
-        for p in _C.needed_peers(rank, world, list(topo.levels), groups):
+        def spec_for(p: int, channel: str) -> tuple:
             if use_shm and p in local:
-                specs.append((p, "shm", local.index(p), rendezvous.shm_name(job_id, p), "", 0))
-                transports[p] = "shm"
-            else:
-                host, port = peers[p]["addr"]
-                specs.append((p, "tcp", 0, "", host, port))
-                transports[p] = "tcp"
+                name = rendezvous.shm_name(job_id, p, channel)
+                return (p, "shm", local.index(p), name, "", 0)
+            host, port = peers[p]["addr"]
+            return (p, "tcp", 0, "", host, port if channel == "" else peers[p]["p2p_port"])
+
+        specs = [spec_for(p, "") for p in _C.needed_peers(rank, world, list(topo.levels), groups)]
+        transports = {s[0]: s[1] for s in specs}
+        p2p_specs = [spec_for(p, "p2p") for p in range(world) if p != rank]
         if use_shm and local_world > 1:
-            names = [rendezvous.shm_name(job_id, r) for r in local]
+            names = [rendezvous.shm_name(job_id, r, c) for r in local for c in ("", "p2p")]
             segment = rendezvous.create_segment(job_id, rank, local_world, cfg)
+            p2p_segment = rendezvous.create_segment(job_id, rank, local_world, cfg, "p2p")
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
                                _spin_us(local_world), specs, list(topo.levels), groups, host_of,
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
-                               _link_model(cfg, peers, host_of))
+                               _link_model(cfg, peers, host_of), p2p_segment, p2p_listener,
+                               p2p_specs)
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
         # The names go as soon as every local peer has mapped them, or at once on failure.
         for name in names if segment is not None else ():
             _C.ShmSegment.unlink(name)
-        if listener is not None:
-            listener.close()
+        for lst in (listener, p2p_listener):
+            if lst is not None:
+                lst.close()
     if rank == 0:
         log.info("topology (%s): %s\n%s", spec if isinstance(spec, str) else "explicit",
                  topo.spec(), topo.describe())
@@ -238,3 +245,21 @@ def reduce_scatter_tensor(out: Any, tensor: Any, op: Any = "sum",
 
 def barrier(async_op: bool = False) -> Work | None:
     return default().barrier(async_op=async_op)
+
+
+def _delegate(name: str) -> Any:
+    method = getattr(Communicator, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(default(), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"The default communicator's :meth:`Communicator.{name}`.\n\n{method.__doc__}"
+    return call
+
+
+# Point-to-point, rooted, personalised and coalesced calls on the default communicator.
+DELEGATED = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "reduce", "gather", "scatter",
+             "all_to_all_single", "all_to_all", "all_reduce_coalesced", "all_gather_coalesced")
+globals().update({name: _delegate(name) for name in DELEGATED})
+

@@ -6,16 +6,19 @@ import collections
 from typing import Any
 
 from ._buffers import check_same_dtype, overlaps, view_of
+from ._p2p import PointToPoint
 from .config import ALGOS
 from .ops import op_code
 from .work import Work
 
 
-class Communicator:
+class Communicator(PointToPoint):
     """A group of ranks and the links between them. Create it with ``pyring.init``.
 
-    Collectives mirror torch.distributed's names. With ``async_op=True`` they return a
-    :class:`Work` at once; otherwise they return None after completing. Every rank must call
+    Collectives and point-to-point calls mirror torch.distributed's names and argument
+    order (pyring/_p2p.py has messages and the rooted and personalised collectives). With
+    ``async_op=True`` they return a :class:`Work` at once; otherwise they return None after
+    completing. Every rank must call
     the same collectives in the same order with matching sizes.
     """
 

@@ -169,10 +169,12 @@ def prefixed(store: Any, rank: int) -> Any:
     return dist.PrefixStore(f"pyring/{n}", store)
 
 
-def shm_name(job: str, rank: int) -> str:
-    """Unique per job and global rank, so hosts that share /dev/shm never collide."""
-    return f"/pyring-{job}-{rank}"
+def shm_name(job: str, rank: int, channel: str = "") -> str:
+    """Unique per job, global rank and channel ('' for collectives, 'p2p' for point-to-point),
+    so hosts that share /dev/shm never collide."""
+    return f"/pyring-{job}-{rank}" + (f"-{channel}" if channel else "")
 
 
-def create_segment(job: str, rank: int, local_world: int, cfg: Config) -> Any:
-    return _C.ShmSegment.create(shm_name(job, rank), local_world, _NSLOTS, cfg.segment_bytes)
+def create_segment(job: str, rank: int, local_world: int, cfg: Config, channel: str = "") -> Any:
+    return _C.ShmSegment.create(shm_name(job, rank, channel), local_world, _NSLOTS,
+                                cfg.segment_bytes)

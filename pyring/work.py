@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .errors import CommTimeout
@@ -15,12 +16,29 @@ class Work:
     so its callbacks may launch collectives and wait on them.
     """
 
-    __slots__ = ("_work", "_result", "_future")
+    __slots__ = ("_work", "_result", "_future", "_finish", "_lock")
 
-    def __init__(self, work: Any, result: Any) -> None:
+    def __init__(self, work: Any, result: Any, finish: Any = None) -> None:
         self._work = work
         self._result = result
         self._future = None
+        # A copy-out from the exchange's buffer into the outputs (coalesced calls): run once,
+        # after success, by whichever of wait(), is_completed() or the future gets there first.
+        self._finish = finish
+        self._lock = threading.Lock() if finish is not None else None
+
+    def _run_finish(self) -> None:
+        if self._finish is not None:
+            with self._lock:
+                finish, self._finish = self._finish, None
+                if finish is not None:
+                    finish()
+
+    @property
+    def source(self) -> int:
+        """The rank a completed receive's message came from (-1 before then and for other
+        ops)."""
+        return self._work.source
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until done (and the future, if one was made, is set) and returns True; raises
@@ -29,13 +47,22 @@ class Work:
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise CommTimeout(f"Timed out: {self._work.description} not complete after "
                               f"{timeout} s")
+        self._run_finish()
         if self._future is not None:
             # A callback thread sets the future just after the work completes.
             self._future.wait()
         return True
 
     def is_completed(self) -> bool:
-        return self._work.is_completed()
+        if not self._work.is_completed():
+            return False
+        if self._finish is not None:
+            try:
+                self._work.wait(0.0)
+            except Exception:  # failed: no copy-out; wait() raises the error
+                return True
+            self._run_finish()
+        return True
 
     def result(self) -> Any:
         """The output tensor, after waiting."""
@@ -51,6 +78,11 @@ class Work:
 
             def done(error: BaseException | None) -> None:
                 if error is None:
+                    try:
+                        self._run_finish()
+                    except Exception as e:
+                        fut.set_exception(e)
+                        return
                     fut.set_result(result)
                 else:
                     fut.set_exception(error)

@@ -4,6 +4,10 @@
 #include <pybind11/pybind11.h>
 
 #include <exception>
+#include <functional>
+#include <memory>
+
+#include "core/communicator.h"
 
 namespace pyring::bindings {
 
@@ -13,6 +17,28 @@ void register_errors(py::module_& m);
 void register_transport(py::module_& m);
 void register_communicator(py::module_& m);
 void register_device(py::module_& m);
+
+// Destroying a communicator joins its progress and callback threads, and a callback may be
+// waiting for the GIL: the GIL is released for the destruction.
+struct ReleaseGilDelete {
+  void operator()(Communicator* c) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      delete c;
+    } else {
+      delete c;
+    }
+  }
+};
+using CommunicatorPtr = std::unique_ptr<Communicator, ReleaseGilDelete>;
+using CommunicatorClass = py::class_<Communicator, CommunicatorPtr>;
+
+// Adds the point-to-point calls and the collectives built on them to the Communicator class.
+void register_p2p(CommunicatorClass& cls);
+
+// Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
+py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                  std::function<void(Deadline)> fn);
 
 // The Python exception instance for a pyring error (GIL held).
 py::object to_python_exception(std::exception_ptr error);

@@ -30,26 +30,27 @@ TransportKind parse_kind(const std::string& s) {
   PYRING_THROW(InvalidArgument, "unknown transport '", s, "' (valid: shm, tcp, none)");
 }
 
+std::vector<PeerSpec> peer_specs(const std::vector<PeerTuple>& tuples) {
+  std::vector<PeerSpec> peers;
+  for (const auto& t : tuples) {
+    PeerSpec p;
+    p.rank = std::get<0>(t);
+    p.transport = parse_kind(std::get<1>(t));
+    p.local_index = std::get<2>(t);
+    p.shm_name = std::get<3>(t);
+    p.host = std::get<4>(t);
+    p.port = std::get<5>(t);
+    peers.push_back(std::move(p));
+  }
+  return peers;
+}
+
 BufferView view(uintptr_t ptr, size_t count, int dtype) {
   return BufferView{reinterpret_cast<void*>(ptr), count, dtype_from_int(dtype)};
 }
 
 using Groups = std::vector<std::vector<std::vector<int>>>;
 using ModelTuple = std::tuple<double, double, double, double, double>;
-
-// Destroying a communicator joins its progress and callback threads, and a callback may be
-// waiting for the GIL: the GIL is released for the destruction.
-struct ReleaseGilDelete {
-  void operator()(Communicator* c) const {
-    if (PyGILState_Check()) {
-      py::gil_scoped_release nogil;
-      delete c;
-    } else {
-      delete c;
-    }
-  }
-};
-using CommunicatorPtr = std::unique_ptr<Communicator, ReleaseGilDelete>;
 
 CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t segment_bytes,
                                   uint32_t local_index, uint32_t local_world,
@@ -58,7 +59,9 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
                                   const std::vector<PeerTuple>& peer_tuples,
                                   std::vector<std::string> level_names, Groups groups,
                                   std::vector<int> host_of, bool shm_within_host, int log_level,
-                                  const ModelTuple& model) {
+                                  const ModelTuple& model, std::shared_ptr<ShmSegment> p2p_segment,
+                                  TcpListener* p2p_listener,
+                                  const std::vector<PeerTuple>& p2p_tuples) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -85,32 +88,40 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
   setup.listener = listener;
   setup.secret = secret;
   setup.segment_bytes = segment_bytes;
-  std::vector<PeerSpec> peers;
-  for (const auto& t : peer_tuples) {
-    PeerSpec p;
-    p.rank = std::get<0>(t);
-    p.transport = parse_kind(std::get<1>(t));
-    p.local_index = std::get<2>(t);
-    p.shm_name = std::get<3>(t);
-    p.host = std::get<4>(t);
-    p.port = std::get<5>(t);
-    peers.push_back(std::move(p));
-  }
-  Links links;
+  LinkSetup p2p_setup = setup;
+  p2p_setup.own_segment = std::move(p2p_segment);
+  p2p_setup.listener = p2p_listener;
+  Links links, p2p_links;
   {
     py::gil_scoped_release nogil;
-    links = make_links(setup, peers, Deadline::after(timeout_s));
+    const Deadline deadline = Deadline::after(timeout_s);
+    links = make_links(setup, peer_specs(peer_tuples), deadline);
+    p2p_links = make_links(p2p_setup, peer_specs(p2p_tuples), deadline);
   }
+  auto p2p = std::make_shared<P2pEngine>(rank, std::move(p2p_links.by_rank),
+                                         std::move(p2p_links.keepalive), spin_us);
+  p2p->start();
   return CommunicatorPtr(new Communicator(rank, size, opts, std::move(topology), std::move(host_of),
                                           shm_within_host, std::move(links.by_rank),
-                                          std::move(links.keepalive)));
+                                          std::move(links.keepalive), std::move(p2p)));
 }
 
 Algo call_algo(Communicator& c, int algo) {
   return algo < 0 ? c.options().algo : algo_from_int(algo);
 }
 
-// Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
+CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int root = -1) {
+  CollectiveDesc d;
+  d.name = name;
+  d.count = v.count;
+  d.dtype = v.dtype;
+  d.op = op;
+  d.root = root;
+  return d;
+}
+
+}  // namespace
+
 py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                   std::function<void(Deadline)> fn) {
   if (async_op) {
@@ -125,18 +136,6 @@ py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
   comm.run_sync(desc, fn);
   return py::none();
 }
-
-CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int root = -1) {
-  CollectiveDesc d;
-  d.name = name;
-  d.count = v.count;
-  d.dtype = v.dtype;
-  d.op = op;
-  d.root = root;
-  return d;
-}
-
-}  // namespace
 
 void register_communicator(py::module_& m) {
   py::list algos, dtypes, sizes, ops;
@@ -161,6 +160,8 @@ void register_communicator(py::module_& m) {
       "The peers this rank's algorithms need links to under the topology, ascending.");
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def_property_readonly("description", &Work::description)
+      .def_property_readonly("source", &Work::source,
+                             "The rank a completed receive's message came from; else -1.")
       .def("is_completed", &Work::is_completed)
       .def(
           "wait",
@@ -188,12 +189,14 @@ void register_communicator(py::module_& m) {
           },
           py::arg("fn"), "Calls fn(error_or_None) once the work completes.");
 
-  py::class_<Communicator, CommunicatorPtr>(m, "Communicator")
+  CommunicatorClass cls(m, "Communicator");
+  cls
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
            py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
            py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
-           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"))
+           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
+           py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -283,6 +286,7 @@ void register_communicator(py::module_& m) {
         d.has_data = false;
         return launch(c, async_op, d, [&c](Deadline dl) { ring_barrier(c, dl); });
       });
+  register_p2p(cls);
 }
 
 }  // namespace pyring::bindings

@@ -5,6 +5,8 @@
 // the communicator's ring order (the topology's), not rank order.
 #pragma once
 
+#include <vector>
+
 #include "core/communicator.h"
 #include "core/types.h"
 
@@ -64,6 +66,26 @@ void allgather(Communicator& comm, const BufferView& in, const BufferView& out, 
 
 // buf on every rank = buf on `root`, pipelined along the ring.
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline);
+
+// The rooted and personalised collectives travel the point-to-point links, each message tagged
+// with the collective's sequence number and kind. A Span is `bytes` at `data`; blocks[i] is
+// what goes to (or comes from) rank i, and blocks[rank] is this rank's own.
+struct Span {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Root: blocks[i] = in of rank i. Others send `in` (blocks is ignored). Sizes must match.
+void gather(Communicator& comm, const Span& in, const std::vector<Span>& blocks, int root,
+            Deadline deadline);
+// Others: out = blocks[rank] of root. Root copies blocks[root] into out.
+void scatter(Communicator& comm, const std::vector<Span>& blocks, const Span& out, int root,
+             Deadline deadline);
+// out[j] on rank i = in[i] on rank j, for every pair; sizes may differ per pair but must
+// agree between the two ranks of a pair. A zero-byte block is still announced, so that a
+// disagreement fails naming both sizes.
+void all_to_all(Communicator& comm, const std::vector<Span>& in, const std::vector<Span>& out,
+                Deadline deadline);
 
 // Returns once every rank has entered the barrier.
 void ring_barrier(Communicator& comm, Deadline deadline);

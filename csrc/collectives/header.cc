@@ -10,25 +10,9 @@ namespace pyring {
 namespace {
 constexpr uint32_t kHeaderMagic = 0x50524831;  // "PRH1"
 
-const char* kind_name(uint32_t kind) {
-  switch (static_cast<CollectiveKind>(kind)) {
-    case CollectiveKind::kAllReduce:
-      return "all_reduce";
-    case CollectiveKind::kReduceScatter:
-      return "reduce_scatter_tensor";
-    case CollectiveKind::kAllGather:
-      return "all_gather_into_tensor";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-    case CollectiveKind::kBarrier:
-      return "barrier";
-  }
-  return "an unknown collective";
-}
-
 std::string describe(const WireHeader& h) {
   if (h.magic != kHeaderMagic) return "bytes that are not a collective header";
-  std::string s = str_cat(kind_name(h.kind), " #", h.seq);
+  std::string s = str_cat(collective_kind_name(h.kind), " #", h.seq);
   if (h.kind == static_cast<uint32_t>(CollectiveKind::kBarrier)) return s;
   s += str_cat(" (count=", h.count,
                ", dtype=", h.dtype < kNumDTypes ? dtype_name(static_cast<DType>(h.dtype)) : "?");

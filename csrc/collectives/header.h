@@ -13,13 +13,6 @@
 
 namespace pyring {
 
-enum class CollectiveKind : uint32_t {
-  kAllReduce = 1,
-  kReduceScatter = 2,
-  kAllGather = 3,
-  kBroadcast = 4,
-  kBarrier = 5,
-};
 
 struct WireHeader {
   uint32_t magic;

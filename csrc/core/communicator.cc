@@ -15,7 +15,7 @@ const char* link_class_name(LinkClass c) {
 Communicator::Communicator(int rank, int size, Options options, Topology topology,
                            std::vector<int> host_of, bool shm_within_host,
                            std::vector<std::unique_ptr<Link>> links,
-                           std::shared_ptr<void> keepalive)
+                           std::shared_ptr<void> keepalive, std::shared_ptr<P2pEngine> p2p)
     : rank_(rank),
       size_(size),
       options_(options),
@@ -23,7 +23,9 @@ Communicator::Communicator(int rank, int size, Options options, Topology topolog
       host_of_(std::move(host_of)),
       shm_within_host_(shm_within_host),
       links_(std::move(links)),
-      keepalive_(std::move(keepalive)) {
+      keepalive_(std::move(keepalive)),
+      p2p_(std::move(p2p)) {
+  PYRING_CHECK_ARG(p2p_ && p2p_->size() == size, "the point-to-point engine must span the world");
   PYRING_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
                    " out of range for world size ", size);
   PYRING_CHECK_ARG(host_of_.size() == static_cast<size_t>(size), "host_of has ", host_of_.size(),
@@ -44,6 +46,7 @@ Communicator::~Communicator() {
 
 void Communicator::close() {
   engine_.stop("communicator closed");
+  p2p_->close("communicator closed");
 }
 
 int Communicator::spin_us() const {

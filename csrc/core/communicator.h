@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/p2p.h"
 #include "core/progress.h"
 #include "core/topology.h"
 #include "core/types.h"
@@ -54,9 +55,10 @@ class Communicator {
   // `links` is indexed by rank; null where no link exists (always at this rank). `keepalive`
   // holds transport state the links share (shared-memory segments). `host_of[r]` numbers the
   // host of rank r; ranks of one host talk over shm when `shm_within_host`, all others tcp.
+  // `p2p` carries point-to-point messages and the collectives built on them.
   Communicator(int rank, int size, Options options, Topology topology, std::vector<int> host_of,
                bool shm_within_host, std::vector<std::unique_ptr<Link>> links,
-               std::shared_ptr<void> keepalive);
+               std::shared_ptr<void> keepalive, std::shared_ptr<P2pEngine> p2p);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -89,6 +91,8 @@ class Communicator {
   // a CommError aborts every link and leaves the communicator unusable.
   void run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
   std::shared_ptr<Work> submit(const CollectiveDesc& desc, std::function<void(Deadline)> fn);
+
+  P2pEngine& p2p() { return *p2p_; }
 
   // Scratch memory for the collective that runs now; valid until the next call.
   uint8_t* scratch(size_t bytes);
@@ -130,6 +134,7 @@ class Communicator {
   std::set<std::string> logged_;  // guarded by log_mu_
   std::mutex choice_mu_;
   std::unordered_map<size_t, Algo> choices_;  // guarded by choice_mu_
+  std::shared_ptr<P2pEngine> p2p_;
   ProgressEngine engine_;                     // last: its thread stops before the links go away
 };
 

@@ -96,4 +96,26 @@ ReduceOp op_from_int(int v) {
   return static_cast<ReduceOp>(v);
 }
 
+const char* collective_kind_name(uint32_t kind) {
+  switch (static_cast<CollectiveKind>(kind)) {
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter_tensor";
+    case CollectiveKind::kAllGather:
+      return "all_gather_into_tensor";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+  }
+  return "an unknown collective";
+}
+
 }  // namespace pyring

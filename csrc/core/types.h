@@ -30,6 +30,20 @@ constexpr int kNumAlgos = 4;
 
 size_t dtype_size(DType t);
 const char* algo_name(Algo a);
+
+// What a collective is, on the wire: in its header and in its point-to-point frames.
+enum class CollectiveKind : uint32_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+  kGather = 6,
+  kScatter = 7,
+  kAllToAll = 8,
+};
+// The torch name of `kind`, or "an unknown collective".
+const char* collective_kind_name(uint32_t kind);
 Algo algo_from_int(int v);  // throws InvalidArgument naming the valid range
 const char* dtype_name(DType t);
 const char* op_name(ReduceOp op);

@@ -55,6 +55,7 @@ void Work::complete(std::exception_ptr error) {
 }
 
 bool Work::wait(double timeout_s) {
+  if (helper_ && !is_completed()) helper_(*this);
   auto start = Clock::now();
   while (!is_completed() && Clock::now() - start < kSpin) cpu_relax();
   if (!is_completed()) {

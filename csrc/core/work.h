@@ -51,6 +51,15 @@ class Work {
   void run();
   // Completes the work with `error` without running it.
   void fail(std::exception_ptr error);
+  // Completes a work that has no function (one whose engine completes it); null: success.
+  void finish(std::exception_ptr error) { complete(error); }
+
+  // Called by wait() before it blocks, on the waiting thread, to drive the work's engine.
+  // Set once, before the work is shared.
+  void set_helper(std::function<void(const Work&)> helper) { helper_ = std::move(helper); }
+  // The rank a received message came from; -1 until a receive completes.
+  int source() const { return source_.load(std::memory_order_acquire); }
+  void set_source(int rank) { source_.store(rank, std::memory_order_release); }
 
  private:
   enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
@@ -64,6 +73,8 @@ class Work {
   std::condition_variable cv_;
   std::vector<Callback> callbacks_;
   std::shared_ptr<CallbackRunner> runner_;
+  std::function<void(const Work&)> helper_;
+  std::atomic<int> source_{-1};
 };
 
 }  // namespace pyring

@@ -1,0 +1,517 @@
+#include "core/p2p.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace pyring {
+
+namespace {
+constexpr uint32_t kFrameMagic = 0x50325052;  // "RP2P"
+constexpr int kMaxSleepMs = 50;               // how often the sleeping thread checks peers
+constexpr unsigned kThreadPolls = 256;        // passes without progress before the thread sleeps
+constexpr auto kExpireEvery = std::chrono::milliseconds(1);
+
+std::string where(const P2pAddress& a, bool is_send) {
+  std::string peer = a.peer < 0 ? std::string("any rank") : str_cat("rank ", a.peer);
+  if (a.context == P2pContext::kCollective) {
+    return str_cat("part of collective #", a.tag, is_send ? " to " : " from ", peer);
+  }
+  return str_cat(is_send ? "send to " : "recv from ", peer, " with tag ", a.tag);
+}
+
+template <class E, class... Args>
+std::exception_ptr error(const Args&... args) {
+  return std::make_exception_ptr(E(str_cat(args...)));
+}
+}  // namespace
+
+struct P2pEngine::Op {
+  std::shared_ptr<Work> work;
+  bool is_send = false;
+  P2pAddress addr{};
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+  Deadline deadline{};
+  P2pFrame frame{};        // send: what goes ahead of the payload
+  uint64_t end = 0;        // send: Peer::posted_bytes once this op's bytes have left
+  int landing = -1;        // receive: the peer whose message is landing in it
+  bool into_user = false;  // receive: the link writes into `data` directly
+  bool done = false;
+};
+
+struct P2pEngine::Held {
+  int peer = -1;
+  P2pFrame frame{};
+  std::vector<uint8_t> data;
+  bool complete = false;
+  std::shared_ptr<Op> claimed;  // a receive waiting for the rest of the message
+};
+
+P2pEngine::P2pEngine(int rank, std::vector<std::unique_ptr<Link>> links,
+                     std::shared_ptr<void> keepalive, int spin_us)
+    : rank_(rank), spin_us_(spin_us), links_(std::move(links)), keepalive_(std::move(keepalive)) {
+  peers_.resize(links_.size());
+  bool tcp = false;
+  for (size_t p = 0; p < links_.size(); ++p) {
+    Link* l = links_[p].get();
+    peers_[p].link = l;
+    if (!l) continue;
+    if (l->poll_fd() >= 0) tcp = true;
+    if (l->sleep_word()) sleep_word_ = l->sleep_word();
+  }
+  if (tcp) event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+P2pEngine::~P2pEngine() {
+  close("communicator closed");
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void P2pEngine::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t p = 0; p < peers_.size(); ++p) {
+    if (peers_[p].link) post_frame_recv_locked(static_cast<int>(p));
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+uint64_t P2pEngine::bytes_sent() const {
+  uint64_t n = 0;
+  for (const auto& l : links_) n += l ? l->bytes_sent() : 0;
+  return n;
+}
+
+uint64_t P2pEngine::bytes_received() const {
+  uint64_t n = 0;
+  for (const auto& l : links_) n += l ? l->bytes_received() : 0;
+  return n;
+}
+
+std::shared_ptr<Work> P2pEngine::make_work(const char* name, size_t bytes, const P2pAddress& a) {
+  CollectiveDesc desc;
+  desc.name = name;
+  desc.count = bytes;
+  desc.dtype = DType::kUInt8;
+  auto work = std::make_shared<Work>(desc, nullptr, runner_);
+  std::weak_ptr<P2pEngine> self = weak_from_this();
+  work->set_helper([self](const Work& w) {
+    if (auto engine = self.lock()) engine->help(w);
+  });
+  PYRING_CHECK_ARG(a.peer >= -1 && a.peer < size() && a.peer != rank_, name, ": peer rank ",
+                   a.peer, " is out of range for rank ", rank_, " of ", size(),
+                   a.peer == rank_ ? " (it is this rank)" : "");
+  return work;
+}
+
+std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, const P2pAddress& to,
+                                      Deadline deadline) {
+  auto work = make_work("send", bytes, to);
+  PYRING_CHECK_ARG(to.peer >= 0, "send: the destination must be a rank, got ", to.peer);
+  std::lock_guard<std::mutex> lock(mu_);
+  PYRING_CHECK(closed_.empty(), CommError, where(to, true), ": ", closed_);
+  Peer& p = peers_[static_cast<size_t>(to.peer)];
+  PYRING_CHECK(p.link, CommError, where(to, true), ": no point-to-point link to rank ", to.peer);
+  PYRING_CHECK(p.broken.empty(), CommError, where(to, true), ": the link is broken: ", p.broken);
+  auto op = std::make_shared<Op>();
+  op->work = work;
+  op->is_send = true;
+  op->addr = to;
+  op->data = static_cast<uint8_t*>(const_cast<void*>(data));
+  op->bytes = bytes;
+  op->deadline = deadline;
+  op->frame = P2pFrame{kFrameMagic, static_cast<uint8_t>(to.context), to.kind, 0, to.tag, bytes, 0};
+  p.link->post_send(reinterpret_cast<const uint8_t*>(&op->frame), sizeof(P2pFrame));
+  p.link->post_send(op->data, bytes);
+  p.posted_bytes += sizeof(P2pFrame) + bytes;
+  op->end = p.posted_bytes;
+  p.sends.push_back(op);
+  ++in_flight_;
+  progress_locked();
+  if (!op->done) wake();
+  return work;
+}
+
+std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress& from,
+                                      Deadline deadline) {
+  auto work = make_work("recv", bytes, from);
+  std::lock_guard<std::mutex> lock(mu_);
+  PYRING_CHECK(closed_.empty(), CommError, where(from, false), ": ", closed_);
+  if (from.peer >= 0) {
+    const Peer& p = peers_[static_cast<size_t>(from.peer)];
+    PYRING_CHECK(p.link, CommError, where(from, false), ": no point-to-point link");
+    PYRING_CHECK(p.broken.empty(), CommError, where(from, false), ": the link is broken: ",
+                 p.broken);
+  }
+  auto op = std::make_shared<Op>();
+  op->work = work;
+  op->addr = from;
+  op->data = static_cast<uint8_t*>(data);
+  op->bytes = bytes;
+  op->deadline = deadline;
+  ++in_flight_;
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    const auto& h = *it;
+    if ((from.peer < 0 || from.peer == h->peer) && h->frame.tag == from.tag &&
+        h->frame.context == static_cast<uint8_t>(from.context)) {
+      auto held = h;
+      held_.erase(it);
+      if (auto err = check_locked(held->peer, op, held->frame)) {
+        finish_locked(op, err);  // the message is dropped
+      } else if (held->complete) {
+        if (op->bytes) std::memcpy(op->data, held->data.data(), op->bytes);
+        finish_locked(op, nullptr);
+      } else {
+        held->claimed = op;
+        op->landing = held->peer;
+        peers_[static_cast<size_t>(held->peer)].landing.push_back(op);
+      }
+      return work;
+    }
+  }
+  recvs_.push_back(op);
+  progress_locked();
+  return work;
+}
+
+void P2pEngine::post_frame_recv_locked(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  RecvSpec spec;
+  spec.bytes = sizeof(P2pFrame);
+  spec.copy_to = reinterpret_cast<uint8_t*>(&p.incoming);
+  spec.on_piece = [this, peer](const uint8_t*, size_t offset, size_t len) {
+    if (offset + len == sizeof(P2pFrame)) on_frame_locked(peer);
+  };
+  p.link->post_recv(std::move(spec));
+}
+
+void P2pEngine::on_frame_locked(int peer) {
+  const P2pFrame f = peers_[static_cast<size_t>(peer)].incoming;
+  PYRING_CHECK(f.magic == kFrameMagic, CommError, "point-to-point stream from rank ", peer,
+               " is corrupt (bad frame)");
+  std::shared_ptr<Op> match;
+  for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+    const P2pAddress& a = (*it)->addr;
+    if ((a.peer < 0 || a.peer == peer) && a.tag == f.tag &&
+        static_cast<uint8_t>(a.context) == f.context) {
+      match = *it;
+      recvs_.erase(it);
+      break;
+    }
+  }
+  if (match) {
+    land_locked(peer, match, f);
+  } else {
+    hold_locked(peer, f);
+  }
+  post_frame_recv_locked(peer);
+}
+
+// The mismatch of receive `op` with the message `f` from `peer`, if any; records the source.
+std::exception_ptr P2pEngine::check_locked(int peer, const std::shared_ptr<Op>& op,
+                                           const P2pFrame& f) {
+  op->work->set_source(peer);
+  if (op->addr.context == P2pContext::kCollective && f.kind != op->addr.kind) {
+    return error<CommError>(where(op->addr, false), ": rank ", peer, " runs ",
+                            collective_kind_name(f.kind), " where this rank runs ",
+                            collective_kind_name(op->addr.kind),
+                            " (ranks called collectives in different orders)");
+  }
+  if (f.bytes != op->bytes) {
+    return error<Error>(where(op->addr, false), ": rank ", peer, " sent ", f.bytes,
+                        " bytes but the receive expects ", op->bytes);
+  }
+  return nullptr;
+}
+
+void P2pEngine::land_locked(int peer, const std::shared_ptr<Op>& op, const P2pFrame& f) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  RecvSpec spec;
+  spec.bytes = f.bytes;
+  if (auto err = check_locked(peer, op, f)) {
+    finish_locked(op, err);  // the payload is read and dropped
+  } else if (f.bytes == 0) {
+    finish_locked(op, nullptr);
+  } else {
+    op->landing = peer;
+    op->into_user = true;
+    p.landing.push_back(op);
+    spec.copy_to = op->data;
+    spec.on_piece = [this, op](const uint8_t*, size_t offset, size_t len) {
+      if (offset + len == op->bytes) finish_locked(op, nullptr);
+    };
+  }
+  p.link->post_recv(std::move(spec));
+}
+
+void P2pEngine::hold_locked(int peer, const P2pFrame& f) {
+  auto h = std::make_shared<Held>();
+  h->peer = peer;
+  h->frame = f;
+  h->data.resize(f.bytes);
+  h->complete = f.bytes == 0;
+  held_.push_back(h);
+  if (f.bytes == 0) return;
+  RecvSpec spec;
+  spec.bytes = f.bytes;
+  spec.copy_to = h->data.data();
+  spec.on_piece = [this, h](const uint8_t*, size_t offset, size_t len) {
+    if (offset + len != h->data.size()) return;
+    h->complete = true;
+    if (h->claimed && !h->claimed->done) {
+      std::memcpy(h->claimed->data, h->data.data(), h->data.size());
+      finish_locked(h->claimed, nullptr);
+    }
+  };
+  peers_[static_cast<size_t>(peer)].link->post_recv(std::move(spec));
+}
+
+void P2pEngine::finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr err) {
+  if (op->done) return;
+  op->done = true;
+  --in_flight_;
+  op->work->finish(err);
+}
+
+bool P2pEngine::progress_locked() {
+  bool moved = false;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.link || !p.broken.empty()) continue;
+    try {
+      moved |= p.link->progress();
+    } catch (const std::exception& e) {
+      break_peer_locked(static_cast<int>(i), e.what());
+      continue;
+    }
+    while (!p.sends.empty() && p.link->bytes_sent() >= p.sends.front()->end) {
+      finish_locked(p.sends.front(), nullptr);
+      p.sends.pop_front();
+    }
+    while (!p.landing.empty() && p.landing.front()->done) p.landing.pop_front();
+  }
+  auto now = Clock::now();
+  if (in_flight_ > 0 && now - last_expire_ >= kExpireEvery) {
+    last_expire_ = now;
+    expire_locked();
+  }
+  return moved;
+}
+
+void P2pEngine::expire_locked() {
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const auto& op = *it;
+    if (!op->deadline.expired()) {
+      ++it;
+      continue;
+    }
+    finish_locked(op, error<TimeoutError>("Timed out: ", where(op->addr, false), " (",
+                                          op->bytes, " bytes) got no message"));
+    it = recvs_.erase(it);
+  }
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    for (const auto& op : p.landing) {
+      if (op->done || !op->deadline.expired()) continue;
+      if (!op->into_user) {
+        // Only the held copy is still arriving: the receive can go.
+        finish_locked(op, error<TimeoutError>("Timed out: ", where(op->addr, false),
+                                              " while its message was arriving"));
+        continue;
+      }
+      // The link writes into the caller's buffer: it can never be used again.
+      break_peer_locked(static_cast<int>(i), str_cat("Timed out: ", where(op->addr, false),
+                                                     " while its message was arriving"));
+      break;
+    }
+    if (!p.sends.empty() && p.sends.front()->deadline.expired()) {
+      const auto& op = p.sends.front();
+      break_peer_locked(static_cast<int>(i),
+                        str_cat("Timed out: ", where(op->addr, true), " (", op->bytes,
+                                " bytes) did not leave: rank ", i, " does not receive"));
+    }
+  }
+}
+
+void P2pEngine::break_peer_locked(int peer, const std::string& why) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.broken.empty()) return;
+  p.broken = why;
+  try {
+    p.link->abort();
+  } catch (const std::exception&) {
+  }
+  // The error that broke the link, for the ops it took down.
+  auto fail = [&](const std::shared_ptr<Op>& op) {
+    bool timed_out = why.rfind("Timed out", 0) == 0;
+    finish_locked(op, timed_out ? error<TimeoutError>(why)
+                                : error<CommError>(where(op->addr, op->is_send),
+                                                   ": the link is broken: ", why));
+  };
+  for (const auto& op : p.sends) fail(op);
+  p.sends.clear();
+  for (const auto& op : p.landing) fail(op);
+  p.landing.clear();
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    if ((*it)->addr.peer == peer) {
+      fail(*it);
+      it = recvs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    it = (*it)->peer == peer && !(*it)->complete ? held_.erase(it) : std::next(it);
+  }
+}
+
+void P2pEngine::help(const Work& w) {
+  helpers_.fetch_add(1);
+  const auto spin = std::chrono::microseconds(spin_us_);
+  const auto start = Clock::now();
+  while (!w.is_completed() && Clock::now() - start < spin) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (progress_locked()) continue;
+    }
+    cpu_relax();
+  }
+  if (helpers_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    idle_cv_.notify_all();
+  }
+}
+
+void P2pEngine::loop() {
+  unsigned polls = 0;
+  auto last_check = Clock::now();
+  while (!stop_.load()) {
+    if (helpers_.load() > 0) {
+      // A waiting thread drives the links; this one would only contend for them.
+      std::unique_lock<std::mutex> lock(idle_mu_);
+      idle_cv_.wait_for(lock, std::chrono::milliseconds(kMaxSleepMs),
+                        [&] { return helpers_.load() == 0 || stop_.load(); });
+      continue;
+    }
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      moved = progress_locked();
+    }
+    if (moved) {
+      polls = 0;
+      continue;
+    }
+    if (++polls < kThreadPolls) {
+      cpu_relax();
+      continue;
+    }
+    block();
+    polls = kThreadPolls - 1;  // one more pass after waking, then sleep again
+    auto now = Clock::now();
+    if (now - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
+      last_check = now;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < peers_.size(); ++i) {
+        Peer& p = peers_[i];
+        if (!p.link || !p.broken.empty()) continue;
+        try {
+          p.link->check_peer();
+        } catch (const std::exception& e) {
+          break_peer_locked(static_cast<int>(i), e.what());
+        }
+      }
+      if (in_flight_ > 0) expire_locked();
+    }
+  }
+}
+
+// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Sockets are polled with
+// the eventfd callers write; shm links sleep on this rank's futex word after a last check.
+void P2pEngine::block() {
+  sleeping_.store(true);
+  std::vector<pollfd> fds;
+  for (const auto& p : peers_) {
+    if (p.link && p.broken.empty() && p.link->poll_fd() >= 0) {
+      short events = POLLIN | (p.link->wants_write() ? POLLOUT : 0);
+      fds.push_back(pollfd{p.link->poll_fd(), events, 0});
+    }
+  }
+  if (!fds.empty()) {
+    fds.push_back(pollfd{event_fd_, POLLIN, 0});
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      moved = progress_locked();
+    }
+    if (!moved) poll(fds.data(), fds.size(), sleep_word_ ? 1 : kMaxSleepMs);
+    uint64_t drain;
+    while (read(event_fd_, &drain, sizeof(drain)) > 0) {
+    }
+  } else if (sleep_word_) {
+    sleep_word_->store(1);
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      moved = progress_locked();
+    }
+    if (!moved && !stop_.load()) {
+      timespec ts{0, static_cast<long>(kMaxSleepMs) * 1000000L};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAIT, 1, &ts, nullptr,
+              0);
+    }
+    sleep_word_->store(0);
+  } else {
+    std::unique_lock<std::mutex> lock(idle_mu_);
+    idle_cv_.wait_for(lock, std::chrono::milliseconds(kMaxSleepMs), [&] { return stop_.load(); });
+  }
+  sleeping_.store(false);
+}
+
+void P2pEngine::wake() {
+  if (!sleeping_.load()) return;
+  if (event_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(event_fd_, &one, sizeof(one));
+    (void)n;
+  }
+  if (sleep_word_) {
+    sleep_word_->store(0);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAKE, INT32_MAX, nullptr,
+            nullptr, 0);
+  }
+  std::lock_guard<std::mutex> lock(idle_mu_);
+  idle_cv_.notify_all();
+}
+
+void P2pEngine::close(const std::string& why) {
+  if (!stop_.exchange(true)) {
+    sleeping_.store(true);
+    wake();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_.empty()) return;
+  closed_ = why;
+  auto fail = [&](const std::shared_ptr<Op>& op) {
+    finish_locked(op, error<CommError>(where(op->addr, op->is_send), ": ", why));
+  };
+  for (auto& p : peers_) {
+    for (const auto& op : p.sends) fail(op);
+    for (const auto& op : p.landing) fail(op);
+    p.sends.clear();
+    p.landing.clear();
+  }
+  for (const auto& op : recvs_) fail(op);
+  recvs_.clear();
+  held_.clear();
+  runner_->stop();
+}
+
+}  // namespace pyring

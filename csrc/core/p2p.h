@@ -1,0 +1,141 @@
+// Point-to-point messages, on a second set of links to every peer (the p2p links), apart from
+// the collectives' links: a message never waits behind a collective, nor a collective behind
+// a message.
+//
+// Contract:
+// - On the wire each message is a P2pFrame and then its payload. Frames from a peer are matched
+//   in arrival order against the receives in posting order, by (context, tag) and source (-1:
+//   any source), so messages from one rank with one tag arrive in the order they were sent.
+// - A message that arrives before a matching receive is posted is held in memory (its size)
+//   until one is; a sender therefore never waits for its receiver to post.
+// - A send completes once its bytes have left for the peer; the caller may then reuse its
+//   buffer. A receive completes once the payload is in its buffer; its size must equal the
+//   message's, else the receive fails naming both (the payload is discarded).
+// - The p2p thread drives the links while anything may move; a thread waiting on a p2p work
+//   drives them itself while it spins, so a waiting pair of ranks needs no wake-up.
+// - An op still pending at its deadline fails with TimeoutError naming the peer and the tag. A
+//   send that times out, and any error on a link, break the link to that peer: later ops with
+//   that peer fail with CommError.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/callbacks.h"
+#include "core/link.h"
+#include "core/types.h"
+#include "core/work.h"
+
+namespace pyring {
+
+// Whose message it is: the user's, or part of a collective (tag = the collective's sequence
+// number, kind = its CollectiveKind), so that the two never match each other.
+enum class P2pContext : uint8_t { kUser = 0, kCollective = 1 };
+
+struct P2pFrame {
+  uint32_t magic;
+  uint8_t context;
+  uint8_t kind;
+  uint16_t reserved;
+  int64_t tag;
+  uint64_t bytes;
+  uint64_t reserved2;
+};
+static_assert(sizeof(P2pFrame) == 32, "P2pFrame is part of the wire format");
+
+struct P2pAddress {
+  int peer;  // a rank; for receives -1 means any source
+  int64_t tag;
+  P2pContext context = P2pContext::kUser;
+  uint8_t kind = 0;
+};
+
+class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
+ public:
+  // `links` is indexed by rank (null at this rank); `keepalive` holds their shm segments.
+  P2pEngine(int rank, std::vector<std::unique_ptr<Link>> links, std::shared_ptr<void> keepalive,
+            int spin_us);
+  ~P2pEngine();  // close()s
+  P2pEngine(const P2pEngine&) = delete;
+  P2pEngine& operator=(const P2pEngine&) = delete;
+
+  // Starts the p2p thread; called once, after construction through make_shared.
+  void start();
+
+  // Queue an op; the work completes as described above. `data` stays valid until then.
+  // Thread-safe. Throw InvalidArgument for a peer out of range or this rank, CommError when
+  // the link to the peer is broken or the engine is closed.
+  std::shared_ptr<Work> send(const void* data, size_t bytes, const P2pAddress& to,
+                             Deadline deadline);
+  std::shared_ptr<Work> recv(void* data, size_t bytes, const P2pAddress& from, Deadline deadline);
+
+  // Fails every pending op with CommError(why) and stops the thread. Idempotent.
+  void close(const std::string& why);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+  uint64_t bytes_sent() const;
+  uint64_t bytes_received() const;
+
+ private:
+  struct Op;
+  struct Held;
+  struct Peer {
+    Link* link = nullptr;
+    std::string broken;  // why the link is unusable; empty while it works
+    P2pFrame incoming{};
+    uint64_t posted_bytes = 0;       // frames and payloads queued for sending, ever
+    std::deque<std::shared_ptr<Op>> sends;    // in posting order
+    std::deque<std::shared_ptr<Op>> landing;  // receives whose message arrives from this peer
+  };
+
+  std::shared_ptr<Work> make_work(const char* name, size_t bytes, const P2pAddress& a);
+  // The caller holds mu_ in all the *_locked functions.
+  bool progress_locked();
+  void post_frame_recv_locked(int peer);
+  void on_frame_locked(int peer);
+  std::exception_ptr check_locked(int peer, const std::shared_ptr<Op>& op, const P2pFrame& f);
+  void land_locked(int peer, const std::shared_ptr<Op>& op, const P2pFrame& f);
+  void hold_locked(int peer, const P2pFrame& f);
+  void expire_locked();
+  void break_peer_locked(int peer, const std::string& why);
+  void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
+  // Spins driving the links until `w` completes or spin_us passes; Work::wait's helper.
+  void help(const Work& w);
+  void loop();
+  void block();
+  void wake();
+
+  const int rank_;
+  const int spin_us_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::shared_ptr<void> keepalive_;
+  std::shared_ptr<CallbackRunner> runner_ = std::make_shared<CallbackRunner>();
+
+  std::mutex mu_;
+  std::vector<Peer> peers_;                  // guarded by mu_
+  std::list<std::shared_ptr<Op>> recvs_;     // posted, unmatched; guarded by mu_
+  std::list<std::shared_ptr<Held>> held_;    // arrived, unclaimed; guarded by mu_
+  size_t in_flight_ = 0;                     // ops not yet finished; guarded by mu_
+  std::string closed_;                       // guarded by mu_
+  Clock::time_point last_expire_{};          // guarded by mu_
+
+  std::atomic<int> helpers_{0};  // threads driving in help()
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  int event_fd_ = -1;
+  std::atomic<uint32_t>* sleep_word_ = nullptr;  // this rank's p2p shm futex word, if any
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;  // the thread waits here while helpers drive
+  std::thread thread_;
+};
+
+}  // namespace pyring

@@ -1,0 +1,272 @@
+"""Point-to-point messages and the rooted and personalised collectives of a Communicator.
+
+Messages travel links of their own, to every peer, apart from the collectives' links: a
+message never waits behind a collective. Between a pair of ranks, messages with one tag arrive
+in the order they were sent; a message that arrives before its receive is posted is held in
+memory until one is. Any element type moves (complex and bool too); a receive's size must
+equal the message's. Every op has the communicator's deadline; a receive that never matches
+fails with CommTimeout naming the peer and the tag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._buffers import bytes_of, check_same_dtype, view_of
+from .work import Work
+
+_ANY = -1
+
+
+class PointToPoint:
+    """Mixed into :class:`pyring.Communicator`; needs ``_c``, ``rank``, ``world_size`` and
+    ``_launch``."""
+
+    _c: Any
+    rank: int
+    world_size: int
+
+    def _peer(self, peer: Any, op: str, name: str, any_ok: bool = False) -> int:
+        if peer is None and any_ok:
+            return _ANY
+        if not isinstance(peer, int) or isinstance(peer, bool) or \
+                not 0 <= peer < self.world_size:
+            raise ValueError(f"{op}: {name}={peer!r} is not a rank of a world of "
+                             f"{self.world_size}")
+        if peer == self.rank:
+            raise ValueError(f"{op}: {name}={peer} is this rank; a rank cannot message itself")
+        return peer
+
+    @staticmethod
+    def _tag(tag: Any, op: str) -> int:
+        if not isinstance(tag, int) or isinstance(tag, bool):
+            raise TypeError(f"{op}: tag must be an int, got {tag!r}")
+        return tag
+
+    def _root(self, root: Any, op: str, name: str) -> int:
+        if not isinstance(root, int) or isinstance(root, bool) or \
+                not 0 <= root < self.world_size:
+            raise ValueError(f"{op}: {name}={root!r} is not a rank of a world of "
+                             f"{self.world_size}")
+        return root
+
+    # -- point-to-point -------------------------------------------------------------------
+
+    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
+        """Sends ``tensor`` to rank ``dst``; the Work completes once the bytes have left
+        (``tensor`` may then be reused)."""
+        v = bytes_of(tensor, "isend", "tensor")
+        w = self._c.send(v.ptr, v.nbytes, self._peer(dst, "isend", "dst"),
+                         self._tag(tag, "isend"), True)
+        return self._launch(tensor, (tensor,), True, w)
+
+    def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
+        """Receives into ``tensor`` from rank ``src`` (None: any rank); the Work's ``source``
+        is the sender once it completes."""
+        v = bytes_of(tensor, "irecv", "tensor", writable=True)
+        w = self._c.recv(v.ptr, v.nbytes, self._peer(src, "irecv", "src", any_ok=True),
+                         self._tag(tag, "irecv"), True)
+        return self._launch(tensor, (tensor,), True, w)
+
+    def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
+        """Sends ``tensor`` to rank ``dst``; returns once the bytes have left."""
+        v = bytes_of(tensor, "send", "tensor")
+        self._c.send(v.ptr, v.nbytes, self._peer(dst, "send", "dst"), self._tag(tag, "send"),
+                     False)
+
+    def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
+        """Receives into ``tensor`` from rank ``src`` (None: any rank); returns the sender."""
+        v = bytes_of(tensor, "recv", "tensor", writable=True)
+        return self._c.recv(v.ptr, v.nbytes, self._peer(src, "recv", "src", any_ok=True),
+                            self._tag(tag, "recv"), False)
+
+    def batch_isend_irecv(self, ops: list) -> list[Work]:
+        """Posts every op of ``ops`` and returns their Works. An op is ``('isend' | 'irecv',
+        tensor, peer[, tag])`` or torch's ``P2POp``."""
+        if not isinstance(ops, (list, tuple)) or not ops:
+            raise ValueError("batch_isend_irecv: ops must be a non-empty list")
+        parsed = []
+        for op in ops:
+            if isinstance(op, (tuple, list)):
+                kind, tensor, peer, tag = (tuple(op) + (0,))[:4] if len(op) == 3 else tuple(op)
+            else:
+                fn = getattr(op, "op", None)
+                kind = getattr(fn, "__name__", fn)
+                tensor, peer, tag = op.tensor, op.peer, getattr(op, "tag", 0)
+            if kind not in ("isend", "irecv"):
+                raise ValueError(f"batch_isend_irecv: op {kind!r} is neither isend nor irecv")
+            parsed.append((kind, tensor, peer, tag))
+        return [getattr(self, kind)(tensor, peer, tag) for kind, tensor, peer, tag in parsed]
+
+    # -- rooted and personalised collectives ----------------------------------------------
+
+    def reduce(self, tensor: Any, dst: int = 0, op: Any = "sum",
+               async_op: bool = False) -> Work | None:
+        """Reduces ``tensor`` across ranks into ``tensor`` on rank ``dst``; the other ranks'
+        tensors are left unchanged. It runs as an allreduce (the same bytes on the root's
+        links as a reduce-scatter and a gather), so other ranks need scratch of its size."""
+        dst = self._root(dst, "reduce", "dst")
+        if self.rank == dst:
+            return self.all_reduce(tensor, op=op, async_op=async_op)
+        scratch = tensor.clone() if hasattr(tensor, "clone") else tensor.copy()
+        w = self.all_reduce(tensor, op=op, async_op=async_op, out=scratch)
+        return None if w is None else self._launch(tensor, (tensor, scratch), True, w._work)
+
+    def gather(self, tensor: Any, gather_list: list | None = None, dst: int = 0,
+               async_op: bool = False) -> Work | None:
+        """Rank ``dst`` receives every rank's ``tensor`` into ``gather_list`` (one tensor
+        per rank, each of ``tensor``'s size and type); other ranks pass None."""
+        dst = self._root(dst, "gather", "dst")
+        src = bytes_of(tensor, "gather", "tensor")
+        blocks = self._blocks(gather_list, tensor, src, "gather", "gather_list",
+                              self.rank == dst, writable=True)
+        w = self._c.gather(src.ptr, src.nbytes, blocks, dst, async_op)
+        return self._launch(gather_list, (tensor, gather_list), async_op, w)
+
+    def scatter(self, tensor: Any, scatter_list: list | None = None, src: int = 0,
+                async_op: bool = False) -> Work | None:
+        """Rank ``src`` sends ``scatter_list[r]`` to rank r, into ``tensor``; other ranks pass
+        None."""
+        src = self._root(src, "scatter", "src")
+        out = bytes_of(tensor, "scatter", "tensor", writable=True)
+        blocks = self._blocks(scatter_list, tensor, out, "scatter", "scatter_list",
+                              self.rank == src)
+        w = self._c.scatter(blocks, out.ptr, out.nbytes, src, async_op)
+        return self._launch(tensor, (tensor, scatter_list), async_op, w)
+
+    def _blocks(self, tensors: Any, like: Any, view: Any, op: str, name: str, root: bool,
+                writable: bool = False) -> list:
+        if not root:
+            if tensors:
+                raise ValueError(f"{op}: {name} must be None or empty except on the root")
+            return []
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != self.world_size:
+            n = len(tensors) if isinstance(tensors, (list, tuple)) else tensors
+            raise ValueError(f"{op}: {name} must hold one tensor per rank ({self.world_size}) "
+                             f"on the root, got {n!r}")
+        out = []
+        for i, t in enumerate(tensors):
+            v = bytes_of(t, op, f"{name}[{i}]", writable=writable)
+            if t.dtype != like.dtype or v.nbytes != view.nbytes:
+                raise ValueError(f"{op}: {name}[{i}] is {t.dtype} of {v.count} elements but "
+                                 f"tensor is {like.dtype} of {view.count}")
+            out.append((v.ptr, v.nbytes))
+        return out
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: list | None = None,
+                          input_split_sizes: list | None = None,
+                          async_op: bool = False) -> Work | None:
+        """Splits ``input`` along its first dimension and sends part j to rank j; ``output``
+        receives rank j's part for this rank as its j-th part. Split sizes (rows per rank)
+        default to equal parts; each pair of ranks must agree on the size between them."""
+        i = bytes_of(input, "all_to_all_single", "input")
+        o = bytes_of(output, "all_to_all_single", "output", writable=True)
+        if input.dtype != output.dtype:
+            raise TypeError(f"all_to_all_single: input is {input.dtype} but output is "
+                            f"{output.dtype}")
+        ins = self._splits(input, i, input_split_sizes, "input")
+        outs = self._splits(output, o, output_split_sizes, "output")
+        w = self._c.all_to_all(ins, outs, async_op)
+        return self._launch(output, (output, input), async_op, w)
+
+    def _splits(self, t: Any, v: Any, sizes: list | None, name: str) -> list:
+        op, n = "all_to_all_single", self.world_size
+        rows = t.shape[0] if len(t.shape) else 1
+        row_bytes = v.nbytes // rows if rows else 0
+        if sizes is None or len(sizes) == 0:
+            if rows % n:
+                raise ValueError(f"{op}: {name} has {rows} rows, not divisible by the world "
+                                 f"size {n}; pass {name}_split_sizes")
+            sizes = [rows // n] * n
+        sizes = list(sizes)
+        if len(sizes) != n or any(not isinstance(s, int) or s < 0 for s in sizes):
+            raise ValueError(f"{op}: {name}_split_sizes must be {n} non-negative ints, got "
+                             f"{sizes!r}")
+        if sum(sizes) != rows:
+            raise ValueError(f"{op}: {name}_split_sizes sum to {sum(sizes)} but {name} has "
+                             f"{rows} rows")
+        out, at = [], v.ptr
+        for s in sizes:
+            out.append((at, s * row_bytes))
+            at += s * row_bytes
+        return out
+
+    def all_to_all(self, output_tensor_list: list, input_tensor_list: list,
+                   async_op: bool = False) -> Work | None:
+        """Sends ``input_tensor_list[j]`` to rank j, which receives it as
+        ``output_tensor_list[this rank]``."""
+        ins = self._tensor_list(input_tensor_list, "input_tensor_list")
+        outs = self._tensor_list(output_tensor_list, "output_tensor_list", writable=True)
+        for j, (a, b) in enumerate(zip(input_tensor_list, output_tensor_list)):
+            if a.dtype != b.dtype:
+                raise TypeError(f"all_to_all: input_tensor_list[{j}] is {a.dtype} but "
+                                f"output_tensor_list[{j}] is {b.dtype}")
+        w = self._c.all_to_all(ins, outs, async_op)
+        return self._launch(output_tensor_list, (output_tensor_list, input_tensor_list),
+                            async_op, w)
+
+    def _tensor_list(self, tensors: Any, name: str, writable: bool = False) -> list:
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != self.world_size:
+            raise ValueError(f"all_to_all: {name} must hold one tensor per rank "
+                             f"({self.world_size})")
+        return [(v.ptr, v.nbytes) for v in
+                (bytes_of(t, "all_to_all", f"{name}[{j}]", writable) for j, t in
+                 enumerate(tensors))]
+
+    # -- coalesced ------------------------------------------------------------------------
+
+    def all_reduce_coalesced(self, tensors: list, op: Any = "sum",
+                             async_op: bool = False) -> Work | None:
+        """Reduces every tensor of ``tensors`` (one dtype) in one exchange, in place."""
+        flat, views = self._pack(tensors, "all_reduce_coalesced")
+        w = self.all_reduce(flat, op=op, async_op=async_op)
+        return self._unpack(flat, tensors, views, w, async_op)
+
+    def all_gather_coalesced(self, output_lists: list, tensors: list,
+                             async_op: bool = False) -> Work | None:
+        """``output_lists[r][i]`` receives ``tensors[i]`` of rank r, all in one exchange."""
+        import torch
+
+        if not isinstance(output_lists, (list, tuple)) or len(output_lists) != self.world_size:
+            raise ValueError(f"all_gather_coalesced: output_lists must hold one list per rank "
+                             f"({self.world_size})")
+        flat, _ = self._pack(tensors, "all_gather_coalesced")
+        out = torch.empty(flat.numel() * self.world_size, dtype=flat.dtype)
+        w = self.all_gather_into_tensor(out, flat, async_op=async_op)
+
+        def finish() -> None:
+            for r, outs in enumerate(output_lists.__iter__()):
+                if len(outs) != len(tensors):
+                    raise ValueError(f"all_gather_coalesced: output_lists[{r}] holds "
+                                     f"{len(outs)} tensors for {len(tensors)} inputs")
+                at = r * flat.numel()
+                for o, t in zip(outs, tensors):
+                    o.copy_(out[at:at + t.numel()].view_as(o))
+                    at += t.numel()
+
+        return self._finish_later(w, finish, output_lists, async_op)
+
+    def _pack(self, tensors: Any, op: str) -> tuple:
+        import torch
+
+        if not isinstance(tensors, (list, tuple)) or not tensors:
+            raise ValueError(f"{op}: tensors must be a non-empty list")
+        views = [view_of(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        for i, v in enumerate(views[1:], 1):
+            check_same_dtype(op, views[0], v, "tensors[0]", f"tensors[{i}]")
+        return torch.cat([t.reshape(-1) for t in tensors]), views
+
+    def _unpack(self, flat: Any, tensors: list, views: list, w: Any, async_op: bool) -> Any:
+        def finish() -> None:
+            at = 0
+            for t in tensors:
+                t.copy_(flat[at:at + t.numel()].view_as(t))
+                at += t.numel()
+
+        return self._finish_later(w, finish, tensors, async_op)
+
+    def _finish_later(self, w: Any, finish: Any, result: Any, async_op: bool) -> Any:
+        if not async_op:
+            finish()
+            return None
+        return Work(w._work, result, finish)

@@ -1,0 +1,240 @@
+"""Point-to-point messages and the rooted and personalised collectives on real processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import pyring
+from tests.multiproc import run_ranks
+
+
+def _init(rank: int, world: int, store, **kw) -> pyring.Communicator:
+    return pyring.init(rank=rank, world_size=world, store=store, **kw)
+
+
+def _ordering(rank, world, store, transport):
+    """Many messages in flight on two tags, posted in opposite orders, with a collective
+    between them: each tag's messages arrive in send order."""
+    comm = _init(rank, world, store, transport=transport)
+    n, peer = 200, 1 - rank
+    if rank == 0:
+        works = []
+        for i in range(n):
+            for tag in (1, 2):
+                works.append(comm.isend(torch.full((64 + i,), float(i * 10 + tag)), peer, tag))
+        comm.all_reduce(torch.ones(8))
+        for w in works:
+            w.wait()
+        big = torch.arange(3 << 20, dtype=torch.float64)  # larger than every shm slot ring
+        comm.send(big, peer, 7)
+        return None
+    bufs = {tag: [torch.empty(64 + i) for i in range(n)] for tag in (1, 2)}
+    works = [comm.irecv(b, peer, 2) for b in bufs[2]]  # tag 2 first
+    comm.all_reduce(torch.ones(8))
+    works += [comm.irecv(b, peer, 1) for b in bufs[1]]
+    for w in works:
+        w.wait()
+        assert w.source == peer
+    bad = [(tag, i) for tag in (1, 2) for i, b in enumerate(bufs[tag])
+           if not torch.equal(b, torch.full_like(b, float(i * 10 + tag)))]
+    got = torch.empty(3 << 20, dtype=torch.float64)
+    src = comm.recv(got, peer, 7)
+    comm.close()
+    return bad, src, bool(torch.equal(got, torch.arange(3 << 20, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_ordering_many_in_flight(transport):
+    _, (bad, src, big_ok) = run_ranks(2, _ordering, transport)
+    assert bad == [] and src == 0 and big_ok
+
+
+def _any_source(rank, world, store):
+    comm = _init(rank, world, store)
+    if rank == 0:
+        got = []
+        for _ in range(2 * (world - 1)):
+            t = torch.empty(4, dtype=torch.complex64)
+            src = comm.recv(t, None, tag=5)
+            assert torch.equal(t, torch.full((4,), complex(src, -src), dtype=torch.complex64))
+            got.append(src)
+        w = comm.irecv(torch.empty(1), tag=6)
+        w.wait()
+        got.append(w.source)
+        comm.barrier()
+        return sorted(got)
+    for _ in range(2):
+        comm.send(torch.full((4,), complex(rank, -rank), dtype=torch.complex64), 0, tag=5)
+    if rank == world - 1:
+        comm.send(torch.ones(1), 0, tag=6)
+    comm.barrier()
+    return None
+
+
+def test_any_source_and_complex():
+    out = run_ranks(3, _any_source)
+    assert out[0] == [1, 1, 2, 2, 2]
+
+
+def _timeout(rank, world, store):
+    comm = _init(rank, world, store, timeout=1.0 if rank == 0 else 20.0)
+    if rank == 0:
+        t0 = time.monotonic()
+        with pytest.raises(pyring.CommTimeout) as e:
+            comm.recv(torch.empty(4), 1, tag=42)
+        took = time.monotonic() - t0
+        # The receive fails alone: the pair still talks afterwards.
+        comm.send(torch.ones(2), 1, tag=1)
+        return str(e.value), took
+    comm.recv(torch.empty(2), 0, tag=1)
+    return None
+
+
+def test_recv_times_out_naming_peer_and_tag():
+    (msg, took), _ = run_ranks(2, _timeout)
+    assert "Timed out" in msg and "rank 1" in msg and "tag 42" in msg, msg
+    assert 0.9 < took < 5
+
+
+def _mismatch(rank, world, store):
+    comm = _init(rank, world, store)
+    if rank == 0:
+        comm.send(torch.ones(8), 1)
+        comm.send(torch.ones(3), 1)
+        return None
+    with pytest.raises(pyring.Error, match="rank 0 sent 32 bytes but the receive expects 16"):
+        comm.recv(torch.empty(4), 0)
+    t = torch.empty(3)
+    comm.recv(t, 0)  # the stream is intact after a mismatch
+    return bool(torch.equal(t, torch.ones(3)))
+
+
+def test_size_mismatch_is_an_error_and_the_stream_survives():
+    assert run_ranks(2, _mismatch)[1] is True
+
+
+def _bad_args(rank, world, store):
+    comm = _init(rank, world, store)
+    errors = []
+    for call in (lambda: comm.send(torch.ones(1), rank),
+                 lambda: comm.send(torch.ones(1), world),
+                 lambda: comm.recv(torch.ones(1), -3),
+                 lambda: comm.send(torch.ones(1), 1 - rank, tag="x"),
+                 lambda: comm.gather(torch.ones(1), [torch.ones(1)] * (world + 1), dst=rank),
+                 lambda: comm.gather(torch.ones(1), None, dst=world),
+                 lambda: comm.scatter(torch.ones(2), [torch.ones(1)] * world, src=rank),
+                 lambda: comm.all_to_all_single(torch.empty(4), torch.ones(4), [1, 1], [3, 2]),
+                 lambda: comm.all_to_all_single(torch.empty(3), torch.ones(3)),
+                 lambda: comm.all_to_all([torch.empty(1)], [torch.ones(1)] * world)):
+        with pytest.raises((ValueError, TypeError)) as e:
+            call()
+        errors.append(str(e.value))
+    comm.barrier()
+    return errors
+
+
+def test_bad_arguments_raise_before_sending():
+    errors = run_ranks(2, _bad_args)[0]
+    assert "is this rank" in errors[0] and "not a rank" in errors[1]
+    assert "tag must be an int" in errors[3]
+    assert "one tensor per rank" in errors[4] and "dst=2" in errors[5]
+    assert "sum to 5 but input has 4 rows" in errors[7], errors[7]
+    assert "not divisible" in errors[8]
+
+
+def _personal(rank, world, store):
+    comm = _init(rank, world, store)
+    out = {}
+    # gather / scatter at every root, complex included.
+    for root in range(world):
+        t = torch.full((5,), complex(rank, root), dtype=torch.complex128)
+        lst = [torch.empty_like(t) for _ in range(world)] if rank == root else None
+        comm.gather(t, lst, dst=root)
+        if rank == root:
+            out[f"gather{root}"] = all(torch.equal(x, torch.full_like(x, complex(r, root)))
+                                       for r, x in enumerate(lst))
+        got = torch.empty(3, dtype=torch.int64)
+        src = [torch.full((3,), 100 * root + r) for r in range(world)] if rank == root else None
+        w = comm.scatter(got, src, src=root, async_op=True)
+        w.wait()
+        out[f"scatter{root}"] = torch.equal(got, torch.full((3,), 100 * root + rank))
+    # reduce: the root gets the sum; others keep their input.
+    t = torch.full((7,), float(rank + 1))
+    comm.reduce(t, dst=1, op="max")
+    out["reduce"] = torch.equal(t, torch.full((7,), float(world if rank == 1 else rank + 1)))
+    # all_to_all_single with uneven splits: rank i sends i + j + 1 rows of 2 to rank j.
+    ins = [rank + j + 1 for j in range(world)]
+    outs = [j + rank + 1 for j in range(world)]
+    inp = torch.cat([torch.full((n, 2), float(100 * rank + j)) for j, n in enumerate(ins)])
+    res = torch.empty(sum(outs), 2)
+    comm.all_to_all_single(res, inp, outs, ins)
+    want = torch.cat([torch.full((n, 2), float(100 * j + rank)) for j, n in enumerate(outs)])
+    out["a2a_single"] = torch.equal(res, want)
+    # all_to_all of lists, a zero-size block included, async.
+    ins = [torch.full((j,), rank * 10 + j, dtype=torch.int32) for j in range(world)]
+    outs = [torch.empty(rank, dtype=torch.int32) for _ in range(world)]
+    comm.all_to_all(outs, ins, async_op=True).wait()
+    out["a2a"] = all(torch.equal(o, torch.full((rank,), j * 10 + rank, dtype=torch.int32))
+                     for j, o in enumerate(outs))
+    # coalesced
+    a, b = torch.full((3,), float(rank)), torch.full((2, 2), float(rank))
+    comm.all_reduce_coalesced([a, b])
+    s = float(sum(range(world)))
+    out["ar_coalesced"] = (torch.equal(a, torch.full((3,), s))
+                           and torch.equal(b, torch.full((2, 2), s)))
+    x, y = torch.full((2,), rank), torch.full((1, 3), -rank)
+    outs = [[torch.empty(2, dtype=torch.int64), torch.empty(1, 3, dtype=torch.int64)]
+            for _ in range(world)]
+    comm.all_gather_coalesced(outs, [x, y], async_op=True).wait()
+    out["ag_coalesced"] = all(torch.equal(o[0], torch.full((2,), r)) and
+                              torch.equal(o[1], torch.full((1, 3), -r)) for r, o in enumerate(outs))
+    # batch_isend_irecv around the ring
+    recv = torch.empty(4)
+    works = comm.batch_isend_irecv([("isend", torch.full((4,), float(rank)), (rank + 1) % world),
+                                    ("irecv", recv, (rank - 1) % world)])
+    for w in works:
+        w.wait()
+    out["batch"] = torch.equal(recv, torch.full((4,), float((rank - 1) % world)))
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rooted_and_personalised(world):
+    for r, out in enumerate(run_ranks(world, _personal)):
+        assert all(out.values()), (r, out)
+
+
+def _module_functions(rank, world, store):
+    pyring.init(rank=rank, world_size=world, store=store)
+    try:
+        t = torch.full((2,), float(rank))
+        if rank == 0:
+            pyring.send(t, 1, tag=3)
+            return None
+        return pyring.recv(t, 0, tag=3), t.tolist()
+    finally:
+        pyring.destroy()
+
+
+def test_module_functions():
+    assert run_ranks(2, _module_functions)[1] == (0, [0.0, 0.0])
+
+
+def _mismatched_collectives(rank, world, store):
+    comm = _init(rank, world, store, timeout=20)
+    t = torch.ones(world)
+    with pytest.raises(pyring.CommError) as e:
+        if rank == 0:
+            comm.gather(torch.ones(1), [torch.ones(1)] * world, dst=0)
+        else:
+            comm.all_to_all_single(torch.empty(world), t)
+    return str(e.value)
+
+
+def test_mismatched_collectives_fail_naming_both():
+    msg = run_ranks(2, _mismatched_collectives)[0]
+    assert "all_to_all" in msg and "gather" in msg, msg
