@@ -190,13 +190,12 @@ void register_communicator(py::module_& m) {
           py::arg("fn"), "Calls fn(error_or_None) once the work completes.");
 
   CommunicatorClass cls(m, "Communicator");
-  cls
-      .def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
-           py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
-           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
-           py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
-           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
-           py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"))
+  cls.def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
+          py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
+          py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
+          py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
+          py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
+          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"))
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)

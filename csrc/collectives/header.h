@@ -13,7 +13,6 @@
 
 namespace pyring {
 
-
 struct WireHeader {
   uint32_t magic;
   uint32_t kind;

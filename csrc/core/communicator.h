@@ -135,7 +135,7 @@ class Communicator {
   std::mutex choice_mu_;
   std::unordered_map<size_t, Algo> choices_;  // guarded by choice_mu_
   std::shared_ptr<P2pEngine> p2p_;
-  ProgressEngine engine_;                     // last: its thread stops before the links go away
+  ProgressEngine engine_;  // last: its thread stops before the links go away
 };
 
 }  // namespace pyring

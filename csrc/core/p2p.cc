@@ -104,8 +104,8 @@ std::shared_ptr<Work> P2pEngine::make_work(const char* name, size_t bytes, const
   work->set_helper([self](const Work& w) {
     if (auto engine = self.lock()) engine->help(w);
   });
-  PYRING_CHECK_ARG(a.peer >= -1 && a.peer < size() && a.peer != rank_, name, ": peer rank ",
-                   a.peer, " is out of range for rank ", rank_, " of ", size(),
+  PYRING_CHECK_ARG(a.peer >= -1 && a.peer < size() && a.peer != rank_, name, ": peer rank ", a.peer,
+                   " is out of range for rank ", rank_, " of ", size(),
                    a.peer == rank_ ? " (it is this rank)" : "");
   return work;
 }
@@ -146,8 +146,8 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress
   if (from.peer >= 0) {
     const Peer& p = peers_[static_cast<size_t>(from.peer)];
     PYRING_CHECK(p.link, CommError, where(from, false), ": no point-to-point link");
-    PYRING_CHECK(p.broken.empty(), CommError, where(from, false), ": the link is broken: ",
-                 p.broken);
+    PYRING_CHECK(p.broken.empty(), CommError, where(from, false),
+                 ": the link is broken: ", p.broken);
   }
   auto op = std::make_shared<Op>();
   op->work = work;
@@ -311,8 +311,8 @@ void P2pEngine::expire_locked() {
       ++it;
       continue;
     }
-    finish_locked(op, error<TimeoutError>("Timed out: ", where(op->addr, false), " (",
-                                          op->bytes, " bytes) got no message"));
+    finish_locked(op, error<TimeoutError>("Timed out: ", where(op->addr, false), " (", op->bytes,
+                                          " bytes) got no message"));
     it = recvs_.erase(it);
   }
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -463,8 +463,7 @@ void P2pEngine::block() {
     }
     if (!moved && !stop_.load()) {
       timespec ts{0, static_cast<long>(kMaxSleepMs) * 1000000L};
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAIT, 1, &ts, nullptr,
-              0);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAIT, 1, &ts, nullptr, 0);
     }
     sleep_word_->store(0);
   } else {

@@ -92,7 +92,7 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
     Link* link = nullptr;
     std::string broken;  // why the link is unusable; empty while it works
     P2pFrame incoming{};
-    uint64_t posted_bytes = 0;       // frames and payloads queued for sending, ever
+    uint64_t posted_bytes = 0;                // frames and payloads queued for sending, ever
     std::deque<std::shared_ptr<Op>> sends;    // in posting order
     std::deque<std::shared_ptr<Op>> landing;  // receives whose message arrives from this peer
   };
@@ -121,12 +121,12 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   std::shared_ptr<CallbackRunner> runner_ = std::make_shared<CallbackRunner>();
 
   std::mutex mu_;
-  std::vector<Peer> peers_;                  // guarded by mu_
-  std::list<std::shared_ptr<Op>> recvs_;     // posted, unmatched; guarded by mu_
-  std::list<std::shared_ptr<Held>> held_;    // arrived, unclaimed; guarded by mu_
-  size_t in_flight_ = 0;                     // ops not yet finished; guarded by mu_
-  std::string closed_;                       // guarded by mu_
-  Clock::time_point last_expire_{};          // guarded by mu_
+  std::vector<Peer> peers_;                // guarded by mu_
+  std::list<std::shared_ptr<Op>> recvs_;   // posted, unmatched; guarded by mu_
+  std::list<std::shared_ptr<Held>> held_;  // arrived, unclaimed; guarded by mu_
+  size_t in_flight_ = 0;                   // ops not yet finished; guarded by mu_
+  std::string closed_;                     // guarded by mu_
+  Clock::time_point last_expire_{};        // guarded by mu_
 
   std::atomic<int> helpers_{0};  // threads driving in help()
   std::atomic<bool> stop_{false};
