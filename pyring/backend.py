@@ -7,11 +7,15 @@ Communicator each) and the functional collectives.
 
 Contracts:
 - Tensors are CPU, dense and contiguous; each call carries one tensor (c10d's lists must hold
-  exactly one), except the output list of ``all_gather`` and the input list of
-  ``reduce_scatter``, which hold one tensor per rank, and ``allreduce_coalesced``, whose
-  tensors (one dtype) travel packed in one exchange.
-- Ops: SUM, AVG, MAX, MIN, PRODUCT. Anything else, and collectives pyring lacks (send, recv,
-  reduce, gather, scatter, all-to-all), raise before any byte is sent.
+  exactly one), except the per-rank lists (``all_gather``'s output, ``reduce_scatter``'s
+  input, ``gather``/``scatter``/``alltoall``'s) and the coalesced calls, whose tensors (one
+  dtype) travel packed in one exchange.
+- Every op torch's CPU backends offer: the collectives, ``send``/``recv`` (any source too;
+  ``isend``/``irecv``/``batch_isend_irecv`` through torch), ``reduce``, ``gather``, ``scatter``,
+  ``all_to_all`` and ``all_to_all_single`` (uneven splits). Data-moving ops take any dtype,
+  complex included; reductions take pyring's dtypes (torch views complex SUM as real).
+- Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent.
+- ``monitored_barrier`` is refused by torch itself for every backend but gloo.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
   collectives, ``async_op=True``) return at once, and the future (value: the list of output
   tensors) completes on a pyring callback thread once the outputs hold the result. torch's
@@ -90,6 +94,12 @@ class PyringWork(_Work):
         if self._finish is not None:
             return self._future.done()
         return self._work.is_completed()
+
+    def _source_rank(self) -> int:
+        """The sender of a completed receive (torch calls it after recv from any source)."""
+        return self._work.source if self._work is not None else -1
+
+    source_rank = _source_rank
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
@@ -270,6 +280,61 @@ class ProcessGroupPyring(_ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    # -- point-to-point: the Work's _source_rank() is the sender of a completed receive -----
+
+    def send(self, tensors: Any, dstRank: int, tag: int) -> PyringWork:
+        t = _one(tensors, "send")
+        return PyringWork(self.comm.isend(t, dstRank, tag), [t])
+
+    def recv(self, tensors: Any, srcRank: int, tag: int) -> PyringWork:
+        t = _one(tensors, "recv")
+        return PyringWork(self.comm.irecv(t, srcRank, tag), [t])
+
+    def recv_anysource(self, tensors: Any, tag: int) -> PyringWork:
+        t = _one(tensors, "recv_anysource")
+        return PyringWork(self.comm.irecv(t, None, tag), [t])
+
+    # -- rooted and personalised ----------------------------------------------------------
+
+    def reduce(self, tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._run(lambda a: self.comm.reduce(t, root, op, async_op=a), [t], opts)
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        outs = _one(output_tensors, "gather") if self.comm.rank == root else None
+        return self._run(lambda a: self.comm.gather(t, outs, root, async_op=a),
+                         list(output_tensors), opts)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
+        t = _one(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        ins = _one(input_tensors, "scatter") if self.comm.rank == root else None
+        return self._run(lambda a: self.comm.scatter(t, ins, root, async_op=a), [t], opts)
+
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
+        outs, ins = list(output_tensors), list(input_tensors)
+        return self._run(lambda a: self.comm.all_to_all(outs, ins, async_op=a), outs, opts)
+
+    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any,
+                      input_split_sizes: Any, opts: Any = None) -> PyringWork:
+        outs, ins = list(output_split_sizes), list(input_split_sizes)
+        return self._run(lambda a: self.comm.all_to_all_single(output, input, outs, ins,
+                                                               async_op=a), [output], opts)
+
+    all_to_all_single = alltoall_base
+
+    def allgather_coalesced(self, output_lists: Any, input_list: Any,
+                            opts: Any = None) -> PyringWork:
+        outs, ins = [list(o) for o in output_lists], list(input_list)
+        if len(ins) == 0:
+            raise ValueError("pyring backend: allgather_coalesced needs at least one tensor")
+        return self._run(lambda a: self.comm.all_gather_coalesced(outs, ins, async_op=a),
+                         [t for o in outs for t in o], opts)
+
     def barrier(self, opts: Any = None) -> PyringWork:
         return self._run(lambda a: self.comm.barrier(async_op=a), [], opts)
 
@@ -281,22 +346,6 @@ class ProcessGroupPyring(_ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<ProcessGroupPyring rank {self.comm.rank} of {self.comm.world_size}>"
-
-
-def _unsupported(name: str) -> Any:
-    def method(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            f"pyring backend: {name} is not supported (supported: all_reduce, broadcast, "
-            "all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier)"
-        )
-
-    method.__name__ = name
-    return method
-
-
-for _name in ("send", "recv", "recv_anysource", "reduce", "gather", "scatter", "alltoall",
-              "alltoall_base", "all_to_all_single", "allgather_coalesced"):
-    setattr(ProcessGroupPyring, _name, _unsupported(_name))
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyring:
