@@ -29,6 +29,7 @@ import datetime
 import os
 from typing import Any
 
+from ._buffers import bytes_of
 from .api import init
 from .work import Work
 
@@ -281,18 +282,25 @@ class ProcessGroupPyring(_ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # -- point-to-point: the Work's _source_rank() is the sender of a completed receive -----
+    # torch's synchronous send and recv wait on these at once, so they skip pyring.Work.
 
     def send(self, tensors: Any, dstRank: int, tag: int) -> PyringWork:
-        t = _one(tensors, "send")
-        return PyringWork(self.comm.isend(t, dstRank, tag), [t])
+        return self._p2p(self.comm._c.send, tensors, dstRank, tag, "send")
 
     def recv(self, tensors: Any, srcRank: int, tag: int) -> PyringWork:
-        t = _one(tensors, "recv")
-        return PyringWork(self.comm.irecv(t, srcRank, tag), [t])
+        return self._p2p(self.comm._c.recv, tensors, srcRank, tag, "recv")
 
     def recv_anysource(self, tensors: Any, tag: int) -> PyringWork:
-        t = _one(tensors, "recv_anysource")
-        return PyringWork(self.comm.irecv(t, None, tag), [t])
+        return self._p2p(self.comm._c.recv, tensors, None, tag, "recv_anysource")
+
+    def _p2p(self, call: Any, tensors: Any, peer: Any, tag: int, what: str) -> PyringWork:
+        t = _one(tensors, what)
+        comm = self.comm
+        v = bytes_of(t, what, "tensor", writable=what != "send")
+        peer = comm._peer(peer, what, "peer", any_ok=what == "recv_anysource")
+        work = call(v.ptr, v.nbytes, peer, comm._tag(tag, what), True)
+        comm._keep(work, t)
+        return PyringWork(Work(work, t), [t])
 
     # -- rooted and personalised ----------------------------------------------------------
 

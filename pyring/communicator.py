@@ -43,13 +43,20 @@ class Communicator(PointToPoint):
     def size(self) -> int:
         return self.world_size
 
-    def _launch(self, result: Any, keep: tuple, async_op: bool, cwork: Any) -> Work | None:
+    def _keep(self, cwork: Any, keep: Any) -> None:
+        """Keeps ``keep`` (the tensors of a queued op) alive until ``cwork`` completes."""
         inflight = self._inflight
         while inflight and inflight[0][0].is_completed():
             inflight.popleft()
-        if not async_op:
-            return None
         inflight.append((cwork, keep))
+
+    def _launch(self, result: Any, keep: tuple, async_op: bool, cwork: Any) -> Work | None:
+        if not async_op:
+            inflight = self._inflight
+            while inflight and inflight[0][0].is_completed():
+                inflight.popleft()
+            return None
+        self._keep(cwork, keep)
         return Work(cwork, result)
 
     def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,

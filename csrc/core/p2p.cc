@@ -15,7 +15,10 @@ namespace pyring {
 namespace {
 constexpr uint32_t kFrameMagic = 0x50325052;  // "RP2P"
 constexpr int kMaxSleepMs = 50;               // how often the sleeping thread checks peers
-constexpr unsigned kThreadPolls = 256;        // passes without progress before the thread sleeps
+constexpr unsigned kThreadPolls = 32;         // passes without progress before the thread sleeps
+// While a waiting thread drives, the p2p thread parks this long at a time: a helper that leaves
+// with nothing else in flight does not wake it (a wake-up costs more than the message).
+constexpr auto kParkTime = std::chrono::milliseconds(1);
 constexpr auto kExpireEvery = std::chrono::milliseconds(1);
 
 std::string where(const P2pAddress& a, bool is_send) {
@@ -296,10 +299,12 @@ bool P2pEngine::progress_locked() {
     }
     while (!p.landing.empty() && p.landing.front()->done) p.landing.pop_front();
   }
-  auto now = Clock::now();
-  if (in_flight_ > 0 && now - last_expire_ >= kExpireEvery) {
-    last_expire_ = now;
-    expire_locked();
+  if (in_flight_ > 0 && ++passes_ % 64 == 0) {
+    auto now = Clock::now();
+    if (now - last_expire_ >= kExpireEvery) {
+      last_expire_ = now;
+      expire_locked();
+    }
   }
   return moved;
 }
@@ -375,16 +380,26 @@ void P2pEngine::help(const Work& w) {
   helpers_.fetch_add(1);
   const auto spin = std::chrono::microseconds(spin_us_);
   const auto start = Clock::now();
-  while (!w.is_completed() && Clock::now() - start < spin) {
+  // The clock is read every 16 passes: a read costs as much as a pass.
+  for (unsigned pass = 1; !w.is_completed(); ++pass) {
+    if (pass % 16 == 0 && Clock::now() - start >= spin) break;
+    bool moved;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (progress_locked()) continue;
+      moved = progress_locked();
     }
-    cpu_relax();
+    if (!moved) cpu_relax();
   }
   if (helpers_.fetch_sub(1) == 1) {
-    std::lock_guard<std::mutex> lock(idle_mu_);
-    idle_cv_.notify_all();
+    bool pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending = in_flight_ > 0;
+    }
+    if (pending) {
+      std::lock_guard<std::mutex> lock(idle_mu_);
+      idle_cv_.notify_all();
+    }
   }
 }
 
@@ -395,8 +410,7 @@ void P2pEngine::loop() {
     if (helpers_.load() > 0) {
       // A waiting thread drives the links; this one would only contend for them.
       std::unique_lock<std::mutex> lock(idle_mu_);
-      idle_cv_.wait_for(lock, std::chrono::milliseconds(kMaxSleepMs),
-                        [&] { return helpers_.load() == 0 || stop_.load(); });
+      idle_cv_.wait_for(lock, kParkTime, [&] { return helpers_.load() == 0 || stop_.load(); });
       continue;
     }
     bool moved;

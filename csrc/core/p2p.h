@@ -127,6 +127,7 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   size_t in_flight_ = 0;                   // ops not yet finished; guarded by mu_
   std::string closed_;                     // guarded by mu_
   Clock::time_point last_expire_{};        // guarded by mu_
+  uint64_t passes_ = 0;                    // progress passes; guarded by mu_
 
   std::atomic<int> helpers_{0};  // threads driving in help()
   std::atomic<bool> stop_{false};
