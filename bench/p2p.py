@@ -50,7 +50,7 @@ def _pingpong(rank: int, iters: int, api: str) -> float:
         send, recv = comm.send, comm.recv
     else:
         send, recv = dist.send, dist.recv
-    for i in range(iters // 10 + 10):  # warm-up
+    for _ in range(iters // 10 + 10):  # warm-up
         if rank == 0:
             send(t, peer)
             recv(t, peer)

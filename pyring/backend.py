@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from typing import Any
 
 from ._buffers import bytes_of
@@ -150,6 +151,22 @@ def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
         if p.dtype != single.dtype or p.numel() != single.numel():
             raise ValueError(f"pyring backend: {what} tensor {r} is {p.dtype} with {p.numel()} "
                              f"elements, expected {single.dtype} with {single.numel()}")
+
+
+_SYNC_P2P = ("send", "recv")
+
+
+def _called_from_sync_p2p(frame: Any) -> bool:
+    """True when ``frame`` (or its caller: torch's send goes through isend) is torch's
+    synchronous ``send`` or ``recv``."""
+    for _ in range(2):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _SYNC_P2P and code.co_filename.endswith("distributed_c10d.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _group_topology(size: int) -> str | None:
@@ -298,7 +315,10 @@ class ProcessGroupPyring(_ProcessGroup):
         comm = self.comm
         v = bytes_of(t, what, "tensor", writable=what != "send")
         peer = comm._peer(peer, what, "peer", any_ok=what == "recv_anysource")
-        work = call(v.ptr, v.nbytes, peer, comm._tag(tag, what), True)
+        # Under torch's synchronous send/recv, which wait at once, the waiting thread drives
+        # the links and the p2p thread is left asleep.
+        sync = _called_from_sync_p2p(sys._getframe(2))
+        work = call(v.ptr, v.nbytes, peer, comm._tag(tag, what), True, sync)
         comm._keep(work, t)
         return PyringWork(Work(work, t), [t])
 

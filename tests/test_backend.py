@@ -201,10 +201,25 @@ def _default_hook(pg):
     return pg, default_hooks.fp16_compress_hook
 
 
+def _local_sgd(backend):
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pl
+
+    # After two global steps, gradients are averaged only within ranks {0, 1} and {2}.
+    sub, _ = dist.new_subgroups_by_enumeration([[0, 1], [2]], backend=backend)
+
+    def hook(pg):
+        return pl.PostLocalSGDState(process_group=pg, subgroup=sub,
+                                    start_localSGD_iter=2), pl.post_localSGD_hook
+
+    return hook
+
+
 def _comm_hooks(rank, world):
     gloo = dist.new_group(backend="gloo")
-    return {name: {"pyring": _train(None, rank, hook), "gloo": _train(gloo, rank, hook)}
-            for name, hook in (("powerSGD", _powersgd), ("fp16", _default_hook))}
+    hooks = {"powerSGD": (_powersgd, _powersgd), "fp16": (_default_hook, _default_hook),
+             "post_localSGD": (_local_sgd("pyring"), _local_sgd("gloo"))}
+    return {name: {"pyring": _train(None, rank, mine), "gloo": _train(gloo, rank, theirs)}
+            for name, (mine, theirs) in hooks.items()}
 
 
 def _coalesced(rank, world):
@@ -318,12 +333,15 @@ def test_callback_may_run_collectives(ranks):
 
 # fp16: gloo adds float16 in float16, pyring in float32 with one rounding; they agree to
 # float16's precision.
-@pytest.mark.parametrize("hook,tolerance", [("powerSGD", 1e-5), ("fp16", 1e-3)])
+@pytest.mark.parametrize("hook,tolerance", [("powerSGD", 1e-5), ("fp16", 1e-3),
+                                            ("post_localSGD", 1e-5)])
 def test_torch_comm_hooks_match_gloo(ranks, hook, tolerance):
     res = [r["comm_hooks"][hook] for r in ranks]
+    # Local SGD keeps rank 2 apart from {0, 1} after its switch.
+    same_as = {0: 0, 1: 0, 2: 2} if hook == "post_localSGD" else {0: 0, 1: 0, 2: 0}
     for r in range(3):
-        for a, b in zip(res[r]["pyring"], res[0]["pyring"]):
-            assert (a == b).all(), f"rank {r} parameters differ from rank 0's"
+        for a, b in zip(res[r]["pyring"], res[same_as[r]]["pyring"]):
+            assert (a == b).all(), f"rank {r} parameters differ from rank {same_as[r]}'s"
         for a, b in zip(res[r]["pyring"], res[r]["gloo"]):
             assert abs(a - b).max() <= tolerance * abs(b).max(), abs(a - b).max()
 

@@ -24,13 +24,14 @@ def _suite_class(backend: str, world: int, decorators_for: str) -> type:
     os.environ["BACKEND"] = decorators_for
     os.environ["WORLD_SIZE"] = str(world)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="pyring-torch-suite-"))
-    import pyring  # noqa: F401  registers the backend before the ranks fork
     import torch.multiprocessing as tmp
     from torch.testing._internal.distributed import distributed_test
     from torch.testing._internal.distributed.distributed_test import (
         DistributedTest,
         TestDistBackend,
     )
+
+    import pyring  # noqa: F401  registers the backend before the ranks fork
 
     distributed_test.BACKEND = backend  # what the ranks run on, and the tests' own checks
 
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--decorators-for", help="evaluate the suite's skip decorators as for this "
                     "backend (e.g. gloo: its backend-name checks lifted); default --backend")
-    ap.add_argument("-k", dest="pattern", default="", help="only tests whose name contains one of these (comma-separated)")
+    ap.add_argument("-k", dest="pattern", default="",
+                    help="only tests whose name contains one of these (comma-separated)")
     ap.add_argument("--json", help="write names of passed/failed/skipped tests here")
     ap.add_argument("-v", action="store_true", help="one line per test")
     args = ap.parse_args(argv)

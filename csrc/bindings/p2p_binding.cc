@@ -58,29 +58,34 @@ py::object finish(std::shared_ptr<Work> work, bool async_op, bool return_source)
 void register_p2p(CommunicatorClass& cls) {
   cls.def(
          "send",
-         [](Communicator& c, uintptr_t ptr, size_t bytes, int dst, int64_t tag, bool async_op) {
+         [](Communicator& c, uintptr_t ptr, size_t bytes, int dst, int64_t tag, bool async_op,
+            bool waits) {
            std::shared_ptr<Work> w;
            {
              py::gil_scoped_release nogil;
              w = c.p2p().send(reinterpret_cast<const void*>(ptr), bytes, P2pAddress{dst, tag},
-                              Deadline::after(c.options().timeout_s));
+                              Deadline::after(c.options().timeout_s), !async_op || waits);
            }
            return finish(std::move(w), async_op, false);
          },
          py::arg("ptr"), py::arg("nbytes"), py::arg("dst"), py::arg("tag"), py::arg("async_op"),
-         "Sends nbytes to rank dst; async: the Work, else None once the bytes have left.")
+         py::arg("waits") = false,
+         "Sends nbytes to rank dst; async: the Work, else None once the bytes have left. waits: "
+         "the caller waits on the Work at once (the p2p thread is not woken for it).")
       .def(
           "recv",
-          [](Communicator& c, uintptr_t ptr, size_t bytes, int src, int64_t tag, bool async_op) {
+          [](Communicator& c, uintptr_t ptr, size_t bytes, int src, int64_t tag, bool async_op,
+             bool waits) {
             std::shared_ptr<Work> w;
             {
               py::gil_scoped_release nogil;
               w = c.p2p().recv(reinterpret_cast<void*>(ptr), bytes, P2pAddress{src, tag},
-                               Deadline::after(c.options().timeout_s));
+                               Deadline::after(c.options().timeout_s), !async_op || waits);
             }
             return finish(std::move(w), async_op, true);
           },
           py::arg("ptr"), py::arg("nbytes"), py::arg("src"), py::arg("tag"), py::arg("async_op"),
+          py::arg("waits") = false,
           "Receives nbytes from rank src (-1: any); async: the Work (its source once complete), "
           "else the source rank.")
       .def(

@@ -24,10 +24,10 @@ struct Exchange {
                       static_cast<uint8_t>(kind)};
   }
   void recv(int peer, const Span& s) {
-    works.push_back(comm.p2p().recv(s.data, s.bytes, addr(peer), deadline));
+    works.push_back(comm.p2p().recv(s.data, s.bytes, addr(peer), deadline, true));
   }
   void send(int peer, const Span& s) {
-    works.push_back(comm.p2p().send(s.data, s.bytes, addr(peer), deadline));
+    works.push_back(comm.p2p().send(s.data, s.bytes, addr(peer), deadline, true));
   }
   void wait() {
     std::exception_ptr first;

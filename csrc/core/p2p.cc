@@ -16,9 +16,10 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x50325052;  // "RP2P"
 constexpr int kMaxSleepMs = 50;               // how often the sleeping thread checks peers
 constexpr unsigned kThreadPolls = 32;         // passes without progress before the thread sleeps
-// While a waiting thread drives, the p2p thread parks this long at a time: a helper that leaves
-// with nothing else in flight does not wake it (a wake-up costs more than the message).
-constexpr auto kParkTime = std::chrono::milliseconds(1);
+// While a waiting thread drives, the p2p thread parks: a helper that leaves with nothing else
+// in flight does not wake it (a wake-up costs more than the message); a post that nobody
+// helps does.
+constexpr auto kParkTime = std::chrono::milliseconds(kMaxSleepMs);
 constexpr auto kExpireEvery = std::chrono::milliseconds(1);
 
 std::string where(const P2pAddress& a, bool is_send) {
@@ -114,7 +115,7 @@ std::shared_ptr<Work> P2pEngine::make_work(const char* name, size_t bytes, const
 }
 
 std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, const P2pAddress& to,
-                                      Deadline deadline) {
+                                      Deadline deadline, bool helped) {
   auto work = make_work("send", bytes, to);
   PYRING_CHECK_ARG(to.peer >= 0, "send: the destination must be a rank, got ", to.peer);
   std::lock_guard<std::mutex> lock(mu_);
@@ -137,12 +138,12 @@ std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, const P2pA
   p.sends.push_back(op);
   ++in_flight_;
   progress_locked();
-  if (!op->done) wake();
+  if (!op->done && !helped) wake();
   return work;
 }
 
 std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress& from,
-                                      Deadline deadline) {
+                                      Deadline deadline, bool helped) {
   auto work = make_work("recv", bytes, from);
   std::lock_guard<std::mutex> lock(mu_);
   PYRING_CHECK(closed_.empty(), CommError, where(from, false), ": ", closed_);
@@ -180,6 +181,7 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress
   }
   recvs_.push_back(op);
   progress_locked();
+  if (!op->done && !helped) wake();
   return work;
 }
 
@@ -396,10 +398,7 @@ void P2pEngine::help(const Work& w) {
       std::lock_guard<std::mutex> lock(mu_);
       pending = in_flight_ > 0;
     }
-    if (pending) {
-      std::lock_guard<std::mutex> lock(idle_mu_);
-      idle_cv_.notify_all();
-    }
+    if (pending) wake();
   }
 }
 
@@ -410,7 +409,10 @@ void P2pEngine::loop() {
     if (helpers_.load() > 0) {
       // A waiting thread drives the links; this one would only contend for them.
       std::unique_lock<std::mutex> lock(idle_mu_);
-      idle_cv_.wait_for(lock, kParkTime, [&] { return helpers_.load() == 0 || stop_.load(); });
+      parked_ = true;
+      idle_cv_.wait_for(lock, kParkTime,
+                        [&] { return (helpers_.load() == 0 && unhelped_) || stop_.load(); });
+      parked_ = unhelped_ = false;
       continue;
     }
     bool moved;
@@ -488,6 +490,11 @@ void P2pEngine::block() {
 }
 
 void P2pEngine::wake() {
+  {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    unhelped_ = true;
+    if (parked_) idle_cv_.notify_all();
+  }
   if (!sleeping_.load()) return;
   if (event_fd_ >= 0) {
     uint64_t one = 1;

@@ -71,11 +71,13 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   void start();
 
   // Queue an op; the work completes as described above. `data` stays valid until then.
-  // Thread-safe. Throw InvalidArgument for a peer out of range or this rank, CommError when
-  // the link to the peer is broken or the engine is closed.
+  // `helped`: the caller waits on the work at once (its wait drives the links), so the p2p
+  // thread is not woken for it. Thread-safe. Throw InvalidArgument for a peer out of range or this
+  // rank, CommError when the link to the peer is broken or the engine is closed.
   std::shared_ptr<Work> send(const void* data, size_t bytes, const P2pAddress& to,
-                             Deadline deadline);
-  std::shared_ptr<Work> recv(void* data, size_t bytes, const P2pAddress& from, Deadline deadline);
+                             Deadline deadline, bool helped);
+  std::shared_ptr<Work> recv(void* data, size_t bytes, const P2pAddress& from, Deadline deadline,
+                             bool helped);
 
   // Fails every pending op with CommError(why) and stops the thread. Idempotent.
   void close(const std::string& why);
@@ -136,6 +138,8 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   std::atomic<uint32_t>* sleep_word_ = nullptr;  // this rank's p2p shm futex word, if any
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;  // the thread waits here while helpers drive
+  bool parked_ = false;              // the thread waits on idle_cv_; guarded by idle_mu_
+  bool unhelped_ = false;            // a post or a leaving helper needs the thread; idle_mu_
   std::thread thread_;
 };
 
