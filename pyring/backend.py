@@ -14,7 +14,8 @@ Contracts:
   ``isend``/``irecv``/``batch_isend_irecv`` through torch), ``reduce``, ``gather``, ``scatter``,
   ``all_to_all`` and ``all_to_all_single`` (uneven splits). Data-moving ops take any dtype,
   complex included; reductions take pyring's dtypes (torch views complex SUM as real).
-- Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent.
+- Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent. A sparse
+  COO tensor's allreduce (SUM) gathers every rank's indices and values and sums them.
 - ``monitored_barrier`` is refused by torch itself for every backend but gloo.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
   collectives, ``async_op=True``) return at once, and the future (value: the list of output
@@ -222,7 +223,37 @@ class ProcessGroupPyring(_ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> PyringWork:
         t = _one(tensors, "allreduce")
         op = opts.reduceOp if opts is not None else "sum"
+        if t.layout == torch.sparse_coo:
+            self._sparse_sum(t, op)
+            return PyringWork(None, [t])
         return self._run(lambda a: self.comm.all_reduce(t, op, async_op=a), [t], opts)
+
+    def _sparse_sum(self, t: Any, op: Any) -> None:
+        """A sparse COO tensor's sum over ranks, in place (coalesced), as gloo gives: every
+        rank's indices and values are gathered (padded to the largest count), then summed."""
+        from .ops import op_code
+
+        if op_code(op, "allreduce") != op_code("sum"):
+            raise ValueError("pyring backend: sparse tensors reduce with SUM only")
+        comm, world = self.comm, self.comm.world_size
+        mine = t.coalesce()
+        idx, val = mine.indices().contiguous(), mine.values().contiguous()
+        counts = torch.empty(world, dtype=torch.int64)
+        comm.all_gather_into_tensor(counts, torch.tensor([idx.shape[1]], dtype=torch.int64))
+        most = int(counts.max())
+        pad_idx = torch.zeros(idx.shape[0], most, dtype=idx.dtype)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_val = torch.zeros((most,) + tuple(val.shape[1:]), dtype=val.dtype)
+        pad_val[:val.shape[0]] = val
+        all_idx = torch.empty((world,) + tuple(pad_idx.shape), dtype=idx.dtype)
+        all_val = torch.empty((world,) + tuple(pad_val.shape), dtype=val.dtype)
+        comm.all_gather_into_tensor(all_idx, pad_idx)
+        comm.all_gather_into_tensor(all_val, pad_val)
+        keep = [slice(0, int(n)) for n in counts]
+        total = torch.sparse_coo_tensor(
+            torch.cat([all_idx[r][:, keep[r]] for r in range(world)], dim=1),
+            torch.cat([all_val[r][keep[r]] for r in range(world)]), t.shape).coalesce()
+        t.copy_(total)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> PyringWork:
         """Every tensor in one exchange: packed into one buffer, reduced, copied back."""

@@ -34,7 +34,7 @@ class Communicator(PointToPoint):
         self.transports = transports
         #: The pyring.topology.Topology every rank agreed on at init.
         self.topology = topology
-        self._stats_base: tuple[dict, dict] = ({}, {})
+        self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0))
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
@@ -152,9 +152,12 @@ class Communicator(PointToPoint):
         """Counters since init or the last reset_stats(): this rank's ``bytes_sent`` and
         ``bytes_received``, ``links`` (peer rank -> transport and bytes each way) and
         ``calls`` (collectives run per algorithm; barriers are not counted). Byte counts
-        include the 32-byte header each collective sends on every link it uses."""
+        include the 32-byte header each collective sends on every link it uses. ``p2p``
+        counts the point-to-point links (messages, and the collectives that travel them:
+        gather, scatter, all-to-all), 32-byte frames included."""
         links, calls = self._c.raw_stats()
-        base_links, base_calls = self._stats_base
+        base_links, base_calls, base_p2p = self._stats_base
+        p2p = self._c.p2p_bytes()
         out_links = {}
         for peer, (kind, sent, received) in sorted(links.items()):
             s0, r0 = base_links.get(peer, (0, 0))
@@ -165,12 +168,14 @@ class Communicator(PointToPoint):
             "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
             "links": out_links,
             "calls": {a: n - base_calls.get(a, 0) for a, n in calls.items()},
+            "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1]},
         }
 
     def reset_stats(self) -> None:
         """Zeroes the counters that stats() reports."""
         links, calls = self._c.raw_stats()
-        self._stats_base = ({p: (s, r) for p, (_, s, r) in links.items()}, dict(calls))
+        self._stats_base = ({p: (s, r) for p, (_, s, r) in links.items()}, dict(calls),
+                            self._c.p2p_bytes())
 
     def close(self) -> None:
         """Finishes the work already running, fails queued work with CommError, and frees the

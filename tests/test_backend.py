@@ -84,6 +84,12 @@ def _collectives(rank, world):
     return bad
 
 
+def _reduce_opts(root):
+    opts = dist.ReduceOptions()
+    opts.rootRank = root
+    return opts
+
+
 def _async_and_errors(rank, world):
     main = threading.get_ident()
     # Async: rank 1 joins late, so the work is pending and its future completes later.
@@ -123,8 +129,11 @@ def _async_and_errors(rank, world):
         "gather list dtype": lambda: dist.all_gather([torch.zeros(4, dtype=torch.int32)] * world,
                                                      x),
         "non-contiguous": lambda: dist.all_reduce(torch.ones(4, 2).t()),
-        "reduce": lambda: dist.reduce(x, dst=0),
-        "send": lambda: dist.send(x, dst=(rank + 1) % world),
+        "reduce root": lambda: pg.reduce([x], _reduce_opts(world)),
+        "send to self": lambda: pg.send([x], rank, 0),
+        "splits": lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
+                                                 [1] * world, [2] * world),
+        "sparse max": lambda: dist.all_reduce(torch.eye(2).to_sparse(), op=dist.ReduceOp.MAX),
     }
     errors = {}
     for name, call in cases.items():
@@ -251,7 +260,25 @@ def _callbacks(rank, world):
     return value, time.monotonic() - start
 
 
-PARTS = {"collectives": _collectives, "async_and_errors": _async_and_errors,
+def _objects(rank, world):
+    """torch's object collectives and object point-to-point over the pyring backend."""
+    got = [None] * world
+    dist.all_gather_object(got, {"rank": rank, "sq": [rank] * rank})
+    objs = [f"from {rank}", rank] if rank == 1 else [None, None]
+    dist.broadcast_object_list(objs, src=1)
+    gathered = [None] * world if rank == 2 else None
+    dist.gather_object(("g", rank), gathered, dst=2)
+    out = [None]
+    dist.scatter_object_list(out, [("s", r) for r in range(world)] if rank == 0 else None, src=0)
+    p2p = [None]
+    if rank == 0:
+        dist.send_object_list([{"to": 1}], dst=1)
+    elif rank == 1:
+        dist.recv_object_list(p2p, src=0)
+    return got, objs, gathered, out, p2p
+
+
+PARTS = {"objects": _objects, "collectives": _collectives, "async_and_errors": _async_and_errors,
          "groups": _subgroups_and_functional, "ddp": _ddp, "callbacks": _callbacks,
          "comm_hooks": _comm_hooks, "coalesced": _coalesced}
 
@@ -269,6 +296,14 @@ def _job(rank, world, store):
 def ranks():
     """Each rank's results of every part, from one job of 3 ranks."""
     return run_ranks(3, _job, timeout=150)
+
+
+def test_object_collectives(ranks):
+    for rank, (got, objs, gathered, out, p2p) in enumerate(r["objects"] for r in ranks):
+        assert got == [{"rank": r, "sq": [r] * r} for r in range(3)]
+        assert objs == ["from 1", 1] and out == [("s", rank)]
+        assert gathered == ([("g", r) for r in range(3)] if rank == 2 else None)
+        assert p2p == ([{"to": 1}] if rank == 1 else [None])
 
 
 def test_collectives_match_closed_forms(ranks):
@@ -290,8 +325,10 @@ def test_async_work_and_errors(ranks):
             ("gather list length", "ValueError", "needs 3 tensors"),
             ("gather list dtype", "ValueError", "torch.int32"),
             ("non-contiguous", "ValueError", "not contiguous"),
-            ("reduce", "NotImplementedError", "reduce is not supported"),
-            ("send", "NotImplementedError", "send is not supported"),
+            ("reduce root", "ValueError", "dst=3 is not a rank of a world of 3"),
+            ("send to self", "ValueError", "is this rank"),
+            ("splits", "ValueError", "sum to 6 but input has 3 rows"),
+            ("sparse max", "ValueError", "SUM only"),
         ]:
             assert errors[name] is not None, f"{name} did not raise"
             assert errors[name][0] == want_type and words in errors[name][1], (name, errors[name])

@@ -176,7 +176,11 @@ def _personal(rank, world, store):
     # all_to_all of lists, a zero-size block included, async.
     ins = [torch.full((j,), rank * 10 + j, dtype=torch.int32) for j in range(world)]
     outs = [torch.empty(rank, dtype=torch.int32) for _ in range(world)]
+    comm.reset_stats()
     comm.all_to_all(outs, ins, async_op=True).wait()
+    # One 32-byte frame per peer, and the blocks for other ranks.
+    sent = comm.stats()["p2p"]["bytes_sent"]
+    out["a2a_bytes"] = sent == 32 * (world - 1) + 4 * (sum(range(world)) - rank)
     out["a2a"] = all(torch.equal(o, torch.full((rank,), j * 10 + rank, dtype=torch.int32))
                      for j, o in enumerate(outs))
     # coalesced

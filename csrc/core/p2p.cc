@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -391,6 +392,8 @@ void P2pEngine::help(const Work& w) {
       moved = progress_locked();
     }
     if (!moved) cpu_relax();
+    // A peer sharing this core gets it now and then (as the collectives' driver does).
+    if (pass % 256 == 0) sched_yield();
   }
   if (helpers_.fetch_sub(1) == 1) {
     bool pending;
