@@ -8,8 +8,10 @@ Measures, per backend and round:
   through torch.distributed and, for pyring, also through its own Communicator (the process
   group's ``comm``, same links);
 - all_to_all_single in a 4-rank job, 1 MiB per rank pair: time per call (ms).
-Each job checks every received byte. Targets: send/recv at least 20x faster than gloo;
-all_to_all_single at least as fast as gloo (medians over rounds).
+Each job checks every received element. A third job measures what one send or recv call
+costs through torch.distributed's layers with a Python backend that moves nothing: the
+floor any Python backend (pyring's included) pays per call. Targets: send/recv at least 20x
+faster than gloo; all_to_all_single at least as fast as gloo (medians over rounds).
 """
 
 from __future__ import annotations
@@ -76,6 +78,36 @@ def _pingpong(rank: int, iters: int, api: str) -> float:
     return took / iters / 2 * 1e6
 
 
+def _register_null() -> None:
+    """A Python backend whose send and recv complete at once without moving a byte: what
+    torch.distributed's layers and the C++-to-Python trampoline cost per call."""
+    from pyring.backend import PyringWork
+
+    class NullGroup(dist.ProcessGroup):
+        def getBackendName(self) -> str:
+            return "null"
+
+        def send(self, tensors, dst, tag):  # noqa: ANN001, ANN201
+            return PyringWork(None, list(tensors))
+
+        recv = send
+
+    if "null" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("null", lambda s, r, n, t: NullGroup(r, n), devices=["cpu"])
+
+
+def _null_calls(rank: int, iters: int) -> float:
+    t = torch.zeros(PINGPONG_BYTES // 4)
+    peer = 1 - rank
+    for _ in range(iters // 10):
+        dist.send(t, peer)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.send(t, peer)
+        dist.recv(t, peer)
+    return (time.perf_counter() - t0) / iters / 2 * 1e6
+
+
 def _a2a(rank: int, world: int, iters: int) -> float:
     n = A2A_PAIR_BYTES // 4
     inp = torch.arange(world * n, dtype=torch.float32) + rank * world * n
@@ -100,6 +132,13 @@ def _worker(rank: int, world: int, port: int, backend: str, what: str, iters: in
 
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
                           timeout=datetime.timedelta(seconds=120))
+    if backend == "null":
+        _register_null()
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+        took = _null_calls(rank, iters)
+        if rank == 0:
+            q.put(took)
+        return
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     if what == "pingpong":
         apis = ("dist", "comm") if backend == "pyring" else ("dist",)
@@ -153,7 +192,9 @@ def main() -> None:
                 run_job(b, "a2a", 4, args.a2a_iters)[0])
             print(f"round {rnd} {b}: " + ", ".join(f"{k}={v[-1]:.2f}"
                                                      for k, v in rows[b].items()), flush=True)
+    floor = [run_job("null", "calls", 2, args.pingpong_iters) for _ in range(args.rounds)]
     med = {b: {k: statistics.median(v) for k, v in r.items()} for b, r in rows.items()}
+    med["torch_python_backend_floor_us_per_call"] = statistics.median(floor)
     gloo_pp = med["gloo"]["send_recv_4KiB_oneway_us"]
     ratios = {
         "send_recv_speedup_over_gloo": gloo_pp / med["pyring"]["send_recv_4KiB_oneway_us"],
@@ -168,6 +209,7 @@ def main() -> None:
                    ratios["send_recv_speedup_over_gloo_pyring_api"] >= 20,
                "all_to_all_single_speedup_over_gloo >= 1":
                    ratios["all_to_all_single_speedup_over_gloo"] >= 1}
+    rows["torch_python_backend_floor_us_per_call"] = floor
     result = {"machine": describe(), "command": " ".join(sys.argv), "rounds": rows,
               "medians": med, "ratios": ratios, "targets_met": targets}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

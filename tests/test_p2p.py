@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyring
-from tests.multiproc import run_ranks
+from multiproc import run_ranks
 
 
 def _init(rank: int, world: int, store, **kw) -> pyring.Communicator:
