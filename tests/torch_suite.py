@@ -1,7 +1,7 @@
 """Runs torch's own distributed test suite, ``DistributedTest._DistTestBase`` from the
 installed wheel, against a backend (default: pyring) with forked ranks.
 
-    python -m tests.torch_suite --world 3 [--backend gloo] [-k substring] [--json out.json]
+    python tests/torch_suite.py --world 3 [--backend gloo] [-k substring] [--json out.json]
 
 Prints a summary line and exits 1 when any test fails or errors. The suite's own decorators
 decide which tests run for the backend; the rest are skipped, as upstream.

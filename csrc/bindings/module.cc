@@ -6,4 +6,5 @@ PYBIND11_MODULE(_C, m) {
   pyring::bindings::register_device(m);
   pyring::bindings::register_transport(m);
   pyring::bindings::register_communicator(m);
+  pyring::bindings::register_kernels(m);
 }
