@@ -30,6 +30,7 @@ struct Exchange {
     works.push_back(comm.p2p().send(s.data, s.bytes, addr(peer), deadline, true));
   }
   void wait() {
+    comm.p2p().wait_all(works);
     std::exception_ptr first;
     for (const auto& w : works) {
       try {

@@ -380,20 +380,42 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
 }
 
 void P2pEngine::help(const Work& w) {
+  drive_until([&w] { return w.is_completed(); }, false);
+}
+
+void P2pEngine::wait_all(const std::vector<std::shared_ptr<Work>>& works) {
+  size_t next = 0;
+  drive_until(
+      [&] {
+        while (next < works.size() && works[next]->is_completed()) ++next;
+        return next == works.size();
+      },
+      true);
+}
+
+void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) {
   helpers_.fetch_add(1);
   const auto spin = std::chrono::microseconds(spin_us_);
-  const auto start = Clock::now();
+  auto idle_since = Clock::now();
   // The clock is read every 16 passes: a read costs as much as a pass.
-  for (unsigned pass = 1; !w.is_completed(); ++pass) {
-    if (pass % 16 == 0 && Clock::now() - start >= spin) break;
+  for (unsigned pass = 1; !done() && !stop_.load(); ++pass) {
     bool moved;
     {
       std::lock_guard<std::mutex> lock(mu_);
       moved = progress_locked();
     }
-    if (!moved) cpu_relax();
+    if (moved) {
+      idle_since = Clock::now();
+      continue;
+    }
+    cpu_relax();
     // A peer sharing this core gets it now and then (as the collectives' driver does).
     if (pass % 256 == 0) sched_yield();
+    if (pass % 16 == 0 && Clock::now() - idle_since >= spin) {
+      if (!to_the_end) break;
+      block();  // the p2p thread stays parked meanwhile
+      idle_since = Clock::now();
+    }
   }
   if (helpers_.fetch_sub(1) == 1) {
     bool pending;
@@ -451,15 +473,19 @@ void P2pEngine::loop() {
   }
 }
 
-// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Sockets are polled with
+// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
+// or by a thread driving to the end while the p2p thread is parked. Sockets are polled with
 // the eventfd callers write; shm links sleep on this rank's futex word after a last check.
 void P2pEngine::block() {
   sleeping_.store(true);
   std::vector<pollfd> fds;
-  for (const auto& p : peers_) {
-    if (p.link && p.broken.empty() && p.link->poll_fd() >= 0) {
-      short events = POLLIN | (p.link->wants_write() ? POLLOUT : 0);
-      fds.push_back(pollfd{p.link->poll_fd(), events, 0});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& p : peers_) {
+      if (p.link && p.broken.empty() && p.link->poll_fd() >= 0) {
+        short events = POLLIN | (p.link->wants_write() ? POLLOUT : 0);
+        fds.push_back(pollfd{p.link->poll_fd(), events, 0});
+      }
     }
   }
   if (!fds.empty()) {

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,11 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   std::shared_ptr<Work> recv(void* data, size_t bytes, const P2pAddress& from, Deadline deadline,
                              bool helped);
 
+  // Drives the links on this thread, sleeping on them when idle, until every work in `works`
+  // has completed or failed (their deadlines bound it): a collective's wait, with no hand-off
+  // to the p2p thread.
+  void wait_all(const std::vector<std::shared_ptr<Work>>& works);
+
   // Fails every pending op with CommError(why) and stops the thread. Idempotent.
   void close(const std::string& why);
 
@@ -112,6 +118,9 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
   // Spins driving the links until `w` completes or spin_us passes; Work::wait's helper.
   void help(const Work& w);
+  // Drives until done(); after spin_us without progress, stops unless `to_the_end`, in which
+  // case it sleeps on the links and goes on.
+  void drive_until(const std::function<bool()>& done, bool to_the_end);
   void loop();
   void block();
   void wake();
