@@ -45,29 +45,71 @@ size_t onebit_bytes(const uint8_t* encoded, size_t n) {
   return sizeof(OnebitHeader) + (h.has_zeros ? 2 : 1) * ((n + 7) / 8);
 }
 
+#if defined(__SSE2__)
+namespace {
+
+// Lanes of one nibble of sign bits: -x where the bit is set, +x elsewhere (as a sign mask to
+// OR in), and all-ones where a zero bit is set.
+struct NibbleMasks {
+  __m128 sign[16];
+  __m128 zero[16];
+  NibbleMasks() {
+    for (int m = 0; m < 16; ++m) {
+      alignas(16) uint32_t s[4], z[4];
+      for (int k = 0; k < 4; ++k) {
+        s[k] = (m >> k) & 1 ? 0x80000000u : 0u;
+        z[k] = (m >> k) & 1 ? 0xffffffffu : 0u;
+      }
+      sign[m] = _mm_castsi128_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
+      zero[m] = _mm_castsi128_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(z)));
+    }
+  }
+};
+const NibbleMasks kMasks;
+
+// decode(v) for 4 lanes: copysign(scale, v), or 0 where v == 0.
+inline __m128 decode4(__m128 v, __m128 scale) {
+  const __m128 sign_bit = _mm_set1_ps(-0.0f);
+  const __m128 d = _mm_or_ps(_mm_and_ps(v, sign_bit), scale);
+  return _mm_andnot_ps(_mm_cmpeq_ps(v, _mm_setzero_ps()), d);
+}
+
+}  // namespace
+#endif
+
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
   // Sweep 1, block by block: v = in + residual (kept in residual), sum of squares, zeros.
   double sumsq = 0.0;
   size_t zeros = 0;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = b + kBlock < n ? b + kBlock : n;
-    float acc = 0.0f;
-    size_t z = 0;
-    if (residual) {
-      for (size_t i = b; i < e; ++i) {
-        const float v = in[i] + residual[i];
-        residual[i] = v;
-        acc += v * v;
-        z += v == 0.0f;
+    size_t i = b;
+#if defined(__SSE2__)
+    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+    for (; i + 8 <= e; i += 8) {
+      __m128 v0 = _mm_loadu_ps(in + i), v1 = _mm_loadu_ps(in + i + 4);
+      if (residual) {
+        v0 = _mm_add_ps(v0, _mm_loadu_ps(residual + i));
+        v1 = _mm_add_ps(v1, _mm_loadu_ps(residual + i + 4));
+        _mm_storeu_ps(residual + i, v0);
+        _mm_storeu_ps(residual + i + 4, v1);
       }
-    } else {
-      for (size_t i = b; i < e; ++i) {
-        acc += in[i] * in[i];
-        z += in[i] == 0.0f;
-      }
+      acc0 = _mm_add_ps(acc0, _mm_mul_ps(v0, v0));
+      acc1 = _mm_add_ps(acc1, _mm_mul_ps(v1, v1));
+      const __m128 z = _mm_setzero_ps();
+      zeros += static_cast<size_t>(__builtin_popcount(static_cast<unsigned>(
+          _mm_movemask_ps(_mm_cmpeq_ps(v0, z)) | (_mm_movemask_ps(_mm_cmpeq_ps(v1, z)) << 4))));
     }
-    sumsq += acc;
-    zeros += z;
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, _mm_add_ps(acc0, acc1));
+    sumsq += double(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
+#endif
+    for (; i < e; ++i) {
+      const float v = residual ? in[i] + residual[i] : in[i];
+      if (residual) residual[i] = v;
+      sumsq += double(v) * v;
+      zeros += v == 0.0f;
+    }
   }
   const float* v = residual ? residual : in;
   const size_t nonzero = n - zeros;
@@ -78,6 +120,9 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
   uint8_t* mask = signs + (n + 7) / 8;
   // Sweep 2: sign pack, zero mask and new residual = v - decode(v).
   const size_t whole = n / 8;
+#if defined(__SSE2__)
+  const __m128 sc = _mm_set1_ps(scale);
+#endif
   for (size_t j = 0; j < whole; ++j) {
     const float* p = v + 8 * j;
     uint8_t s, zr;
@@ -86,7 +131,13 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
     if (zeros) mask[j] = zr;
     if (residual) {
       float* r = residual + 8 * j;
+#if defined(__SSE2__)
+      const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
+      _mm_storeu_ps(r, _mm_sub_ps(a, decode4(a, sc)));
+      _mm_storeu_ps(r + 4, _mm_sub_ps(b, decode4(b, sc)));
+#else
       for (int k = 0; k < 8; ++k) r[k] = p[k] - decode_one(s, zr, k, scale);
+#endif
     }
   }
   if (n % 8) {
@@ -113,7 +164,23 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
   const uint8_t* signs = encoded + sizeof(OnebitHeader);
   const uint8_t* mask = h.has_zeros ? signs + (n + 7) / 8 : nullptr;
   const float pos = alpha * h.scale;
-  for (size_t j = 0; j * 8 < n; ++j) {
+  size_t j = 0;
+#if defined(__SSE2__)
+  const __m128 p = _mm_set1_ps(pos);
+  for (; 8 * j + 8 <= n; ++j) {
+    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
+    float* o = out + 8 * j;
+    __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
+    __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
+    if (accumulate) {
+      lo = _mm_add_ps(lo, _mm_loadu_ps(o));
+      hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
+    }
+    _mm_storeu_ps(o, lo);
+    _mm_storeu_ps(o + 4, hi);
+  }
+#endif
+  for (; j * 8 < n; ++j) {
     const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
     const size_t m = n - 8 * j < 8 ? n - 8 * j : 8;
     float* o = out + 8 * j;
