@@ -69,8 +69,9 @@ def _reject_torch(t: Any, op: str, name: str, code: int | None) -> None:
     )
 
 
-def _numpy_view(a: np.ndarray, op: str, name: str, writable: bool) -> View:
-    code = _NUMPY_CODES.get(a.dtype)
+def _numpy_view(a: np.ndarray, op: str, name: str, writable: bool,
+                any_dtype: bool = False) -> View:
+    code = _NUMPY_CODES.get(a.dtype, -1 if any_dtype else None)
     if code is None:
         raise TypeError(f"{op}: {name} has unsupported dtype {a.dtype} (supported: {_VALID})")
     if not a.flags.c_contiguous:
@@ -101,12 +102,7 @@ def bytes_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
         return _new_view(View, (obj.data_ptr(), n, _TORCH_CODES.get(obj.dtype, -1),
                                 n * obj.element_size()))
     if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            raise ValueError(f"{op}: {name} is not C-contiguous (shape {obj.shape}, strides "
-                             f"{obj.strides})")
-        if writable and not obj.flags.writeable:
-            raise ValueError(f"{op}: {name} is read-only")
-        return View(obj.ctypes.data, obj.size, _NUMPY_CODES.get(obj.dtype, -1), obj.nbytes)
+        return _numpy_view(obj, op, name, writable, any_dtype=True)
     raise TypeError(
         f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ._buffers import bytes_of, check_same_dtype, view_of
 from .work import Work
 
@@ -88,7 +90,8 @@ class PointToPoint:
         parsed = []
         for op in ops:
             if isinstance(op, (tuple, list)):
-                kind, tensor, peer, tag = (tuple(op) + (0,))[:4] if len(op) == 3 else tuple(op)
+                kind, tensor, peer, *rest = op
+                tag = rest[0] if rest else 0
             else:
                 fn = getattr(op, "op", None)
                 kind = getattr(fn, "__name__", fn)
@@ -108,9 +111,11 @@ class PointToPoint:
         dst = self._root(dst, "reduce", "dst")
         if self.rank == dst:
             return self.all_reduce(tensor, op=op, async_op=async_op)
-        scratch = tensor.clone() if hasattr(tensor, "clone") else tensor.copy()
+        # all_reduce keeps the scratch alive until the exchange completes.
+        scratch = tensor.new_empty(tensor.shape) if hasattr(tensor, "new_empty") else \
+            np.empty_like(tensor)
         w = self.all_reduce(tensor, op=op, async_op=async_op, out=scratch)
-        return None if w is None else self._launch(tensor, (tensor, scratch), True, w._work)
+        return None if w is None else Work(w._work, tensor)
 
     def gather(self, tensor: Any, gather_list: list | None = None, dst: int = 0,
                async_op: bool = False) -> Work | None:
@@ -218,9 +223,16 @@ class PointToPoint:
     def all_reduce_coalesced(self, tensors: list, op: Any = "sum",
                              async_op: bool = False) -> Work | None:
         """Reduces every tensor of ``tensors`` (one dtype) in one exchange, in place."""
-        flat, views = self._pack(tensors, "all_reduce_coalesced")
+        flat = self._pack(tensors, "all_reduce_coalesced")
         w = self.all_reduce(flat, op=op, async_op=async_op)
-        return self._unpack(flat, tensors, views, w, async_op)
+
+        def finish() -> None:
+            at = 0
+            for t in tensors:
+                t.copy_(flat[at:at + t.numel()].view_as(t))
+                at += t.numel()
+
+        return self._finish_later(w, finish, tensors, async_op)
 
     def all_gather_coalesced(self, output_lists: list, tensors: list,
                              async_op: bool = False) -> Work | None:
@@ -230,15 +242,17 @@ class PointToPoint:
         if not isinstance(output_lists, (list, tuple)) or len(output_lists) != self.world_size:
             raise ValueError(f"all_gather_coalesced: output_lists must hold one list per rank "
                              f"({self.world_size})")
-        flat, _ = self._pack(tensors, "all_gather_coalesced")
+        flat = self._pack(tensors, "all_gather_coalesced")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(tensors) or any(o.numel() != t.numel()
+                                                for o, t in zip(outs, tensors)):
+                raise ValueError(f"all_gather_coalesced: output_lists[{r}] must match tensors "
+                                 f"in count and sizes")
         out = torch.empty(flat.numel() * self.world_size, dtype=flat.dtype)
         w = self.all_gather_into_tensor(out, flat, async_op=async_op)
 
         def finish() -> None:
-            for r, outs in enumerate(output_lists.__iter__()):
-                if len(outs) != len(tensors):
-                    raise ValueError(f"all_gather_coalesced: output_lists[{r}] holds "
-                                     f"{len(outs)} tensors for {len(tensors)} inputs")
+            for r, outs in enumerate(output_lists):
                 at = r * flat.numel()
                 for o, t in zip(outs, tensors):
                     o.copy_(out[at:at + t.numel()].view_as(o))
@@ -254,16 +268,7 @@ class PointToPoint:
         views = [view_of(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
         for i, v in enumerate(views[1:], 1):
             check_same_dtype(op, views[0], v, "tensors[0]", f"tensors[{i}]")
-        return torch.cat([t.reshape(-1) for t in tensors]), views
-
-    def _unpack(self, flat: Any, tensors: list, views: list, w: Any, async_op: bool) -> Any:
-        def finish() -> None:
-            at = 0
-            for t in tensors:
-                t.copy_(flat[at:at + t.numel()].view_as(t))
-                at += t.numel()
-
-        return self._finish_later(w, finish, tensors, async_op)
+        return torch.cat([t.reshape(-1) for t in tensors])
 
     def _finish_later(self, w: Any, finish: Any, result: Any, async_op: bool) -> Any:
         if not async_op:

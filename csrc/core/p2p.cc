@@ -1,10 +1,6 @@
 #include "core/p2p.h"
 
-#include <linux/futex.h>
-#include <poll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,12 +11,6 @@ namespace pyring {
 
 namespace {
 constexpr uint32_t kFrameMagic = 0x50325052;  // "RP2P"
-constexpr int kMaxSleepMs = 50;               // how often the sleeping thread checks peers
-constexpr unsigned kThreadPolls = 32;         // passes without progress before the thread sleeps
-// While a waiting thread drives, the p2p thread parks: a helper that leaves with nothing else
-// in flight does not wake it (a wake-up costs more than the message); a post that nobody
-// helps does.
-constexpr auto kParkTime = std::chrono::milliseconds(kMaxSleepMs);
 constexpr auto kExpireEvery = std::chrono::milliseconds(1);
 
 std::string where(const P2pAddress& a, bool is_send) {
@@ -29,6 +19,12 @@ std::string where(const P2pAddress& a, bool is_send) {
     return str_cat("part of collective #", a.tag, is_send ? " to " : " from ", peer);
   }
   return str_cat(is_send ? "send to " : "recv from ", peer, " with tag ", a.tag);
+}
+
+// Whether a receive posted for `a` takes the message `f` from `peer`.
+bool accepts(const P2pAddress& a, int peer, const P2pFrame& f) {
+  return (a.peer < 0 || a.peer == peer) && a.tag == f.tag &&
+         static_cast<uint8_t>(a.context) == f.context;
 }
 
 template <class E, class... Args>
@@ -162,10 +158,8 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress
   op->deadline = deadline;
   ++in_flight_;
   for (auto it = held_.begin(); it != held_.end(); ++it) {
-    const auto& h = *it;
-    if ((from.peer < 0 || from.peer == h->peer) && h->frame.tag == from.tag &&
-        h->frame.context == static_cast<uint8_t>(from.context)) {
-      auto held = h;
+    if (accepts(from, (*it)->peer, (*it)->frame)) {
+      auto held = *it;
       held_.erase(it);
       if (auto err = check_locked(held->peer, op, held->frame)) {
         finish_locked(op, err);  // the message is dropped
@@ -203,9 +197,7 @@ void P2pEngine::on_frame_locked(int peer) {
                " is corrupt (bad frame)");
   std::shared_ptr<Op> match;
   for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
-    const P2pAddress& a = (*it)->addr;
-    if ((a.peer < 0 || a.peer == peer) && a.tag == f.tag &&
-        static_cast<uint8_t>(a.context) == f.context) {
+    if (accepts((*it)->addr, peer, f)) {
       match = *it;
       recvs_.erase(it);
       break;
@@ -377,166 +369,6 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   for (auto it = held_.begin(); it != held_.end();) {
     it = (*it)->peer == peer && !(*it)->complete ? held_.erase(it) : std::next(it);
   }
-}
-
-void P2pEngine::help(const Work& w) {
-  drive_until([&w] { return w.is_completed(); }, false);
-}
-
-void P2pEngine::wait_all(const std::vector<std::shared_ptr<Work>>& works) {
-  size_t next = 0;
-  drive_until(
-      [&] {
-        while (next < works.size() && works[next]->is_completed()) ++next;
-        return next == works.size();
-      },
-      true);
-}
-
-void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) {
-  helpers_.fetch_add(1);
-  const auto spin = std::chrono::microseconds(spin_us_);
-  auto idle_since = Clock::now();
-  // The clock is read every 16 passes: a read costs as much as a pass.
-  for (unsigned pass = 1; !done() && !stop_.load(); ++pass) {
-    bool moved;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      moved = progress_locked();
-    }
-    if (moved) {
-      idle_since = Clock::now();
-      continue;
-    }
-    cpu_relax();
-    // A peer sharing this core gets it now and then (as the collectives' driver does).
-    if (pass % 256 == 0) sched_yield();
-    if (pass % 16 == 0 && Clock::now() - idle_since >= spin) {
-      if (!to_the_end) break;
-      block();  // the p2p thread stays parked meanwhile
-      idle_since = Clock::now();
-    }
-  }
-  if (helpers_.fetch_sub(1) == 1) {
-    bool pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending = in_flight_ > 0;
-    }
-    if (pending) wake();
-  }
-}
-
-void P2pEngine::loop() {
-  unsigned polls = 0;
-  auto last_check = Clock::now();
-  while (!stop_.load()) {
-    if (helpers_.load() > 0) {
-      // A waiting thread drives the links; this one would only contend for them.
-      std::unique_lock<std::mutex> lock(idle_mu_);
-      parked_ = true;
-      idle_cv_.wait_for(lock, kParkTime,
-                        [&] { return (helpers_.load() == 0 && unhelped_) || stop_.load(); });
-      parked_ = unhelped_ = false;
-      continue;
-    }
-    bool moved;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      moved = progress_locked();
-    }
-    if (moved) {
-      polls = 0;
-      continue;
-    }
-    if (++polls < kThreadPolls) {
-      cpu_relax();
-      continue;
-    }
-    block();
-    polls = kThreadPolls - 1;  // one more pass after waking, then sleep again
-    auto now = Clock::now();
-    if (now - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
-      last_check = now;
-      std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < peers_.size(); ++i) {
-        Peer& p = peers_[i];
-        if (!p.link || !p.broken.empty()) continue;
-        try {
-          p.link->check_peer();
-        } catch (const std::exception& e) {
-          break_peer_locked(static_cast<int>(i), e.what());
-        }
-      }
-      if (in_flight_ > 0) expire_locked();
-    }
-  }
-}
-
-// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
-// or by a thread driving to the end while the p2p thread is parked. Sockets are polled with
-// the eventfd callers write; shm links sleep on this rank's futex word after a last check.
-void P2pEngine::block() {
-  sleeping_.store(true);
-  std::vector<pollfd> fds;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& p : peers_) {
-      if (p.link && p.broken.empty() && p.link->poll_fd() >= 0) {
-        short events = POLLIN | (p.link->wants_write() ? POLLOUT : 0);
-        fds.push_back(pollfd{p.link->poll_fd(), events, 0});
-      }
-    }
-  }
-  if (!fds.empty()) {
-    fds.push_back(pollfd{event_fd_, POLLIN, 0});
-    bool moved;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      moved = progress_locked();
-    }
-    if (!moved) poll(fds.data(), fds.size(), sleep_word_ ? 1 : kMaxSleepMs);
-    uint64_t drain;
-    while (read(event_fd_, &drain, sizeof(drain)) > 0) {
-    }
-  } else if (sleep_word_) {
-    sleep_word_->store(1);
-    bool moved;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      moved = progress_locked();
-    }
-    if (!moved && !stop_.load()) {
-      timespec ts{0, static_cast<long>(kMaxSleepMs) * 1000000L};
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAIT, 1, &ts, nullptr, 0);
-    }
-    sleep_word_->store(0);
-  } else {
-    std::unique_lock<std::mutex> lock(idle_mu_);
-    idle_cv_.wait_for(lock, std::chrono::milliseconds(kMaxSleepMs), [&] { return stop_.load(); });
-  }
-  sleeping_.store(false);
-}
-
-void P2pEngine::wake() {
-  {
-    std::lock_guard<std::mutex> lock(idle_mu_);
-    unhelped_ = true;
-    if (parked_) idle_cv_.notify_all();
-  }
-  if (!sleeping_.load()) return;
-  if (event_fd_ >= 0) {
-    uint64_t one = 1;
-    ssize_t n = write(event_fd_, &one, sizeof(one));
-    (void)n;
-  }
-  if (sleep_word_) {
-    sleep_word_->store(0);
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(sleep_word_), FUTEX_WAKE, INT32_MAX, nullptr,
-            nullptr, 0);
-  }
-  std::lock_guard<std::mutex> lock(idle_mu_);
-  idle_cv_.notify_all();
 }
 
 void P2pEngine::close(const std::string& why) {
