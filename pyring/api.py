@@ -135,6 +135,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
                                _link_model(cfg, peers, host_of), p2p_segment, p2p_listener,
                                p2p_specs)
+        core.single_copy_bytes = cfg.single_copy_bytes
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:

@@ -154,7 +154,9 @@ class Communicator(PointToPoint):
         ``calls`` (collectives run per algorithm; barriers are not counted). Byte counts
         include the 32-byte header each collective sends on every link it uses. ``p2p``
         counts the point-to-point links (messages, and the collectives that travel them:
-        gather, scatter, all-to-all), 32-byte frames included."""
+        gather, scatter, all-to-all), 32-byte frames included; its ``single_copy_bytes`` are
+        the blocks this rank read straight from a peer's memory (PYRING_SINGLE_COPY_BYTES),
+        which bytes_received leaves out."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
@@ -168,7 +170,8 @@ class Communicator(PointToPoint):
             "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
             "links": out_links,
             "calls": {a: n - base_calls.get(a, 0) for a, n in calls.items()},
-            "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1]},
+            "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1],
+                    "single_copy_bytes": p2p[2] - base_p2p[2]},
         }
 
     def reset_stats(self) -> None:

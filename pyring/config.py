@@ -34,6 +34,8 @@ class Config:
     topology_source: str = "topology"  # where it came from, for messages
     link_model: tuple[float, float, float, float, float] = (4e-6, 4.9e9, 18e-6, 1e9, 2e9)
     link_classes_set: frozenset = frozenset()  # the classes the user gave figures for
+    # gather/scatter/all_to_all blocks from this size up go single copy within a host; 0: never
+    single_copy_bytes: int = _C.DEFAULT_SINGLE_COPY_BYTES
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -66,7 +68,7 @@ def parse_bytes(value: Any, source: str) -> int:
                 f"{source}: expected a byte count such as 65536, '64k' or '1M', got {value!r}"
             ) from None
     if n < 8:
-        raise ValueError(f"{source}: segment_bytes must be at least 8, got {n}")
+        raise ValueError(f"{source}: must be at least 8 bytes, got {n}")
     return n
 
 
@@ -147,5 +149,8 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
         model, given = parse_link_model(env["PYRING_LINK_MODEL"], "PYRING_LINK_MODEL")
     else:
         model, given = parse_link_model({}, "defaults")
+    single = env.get("PYRING_SINGLE_COPY_BYTES", "").strip()
+    single_bytes = (0 if single == "0" else parse_bytes(single, "PYRING_SINGLE_COPY_BYTES")
+                    if single else _C.DEFAULT_SINGLE_COPY_BYTES)
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
-                  topology, topology_source, model, given)
+                  topology, topology_source, model, given, single_bytes)

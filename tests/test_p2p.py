@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 import pytest
@@ -242,3 +243,100 @@ def _mismatched_collectives(rank, world, store):
 def test_mismatched_collectives_fail_naming_both():
     msg = run_ranks(2, _mismatched_collectives)[0]
     assert "all_to_all" in msg and "gather" in msg, msg
+
+
+def _deny_process_vm_readv() -> None:
+    """Makes process_vm_readv fail with EPERM in this process's threads from now on, as a
+    container's seccomp profile does (x86_64 syscall numbers)."""
+    import ctypes
+    import struct
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    ret_errno_eperm, ret_allow, nr_process_vm_readv = 0x00050001, 0x7FFF0000, 310
+    code = [(0x20, 0, 0, 0),  # load the syscall number
+            (0x15, 0, 1, nr_process_vm_readv), (0x06, 0, 0, ret_errno_eperm),
+            (0x06, 0, 0, ret_allow)]
+    buf = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *c) for c in code))
+    prog = Prog(len(code), ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # seccomp
+
+
+def _single_copy(rank, world, store, transport, deny):
+    """Uneven all_to_all_single blocks of 0, 160 KB and 320 KB (the larger go single copy
+    within a host), then gather and scatter of 400 KB blocks, each twice."""
+    if deny == rank:
+        _deny_process_vm_readv()
+    comm = _init(rank, world, store, transport=transport)
+    rows = 40000
+
+    def n(i, j):
+        return (i + j) % 3 * rows
+
+    ins, outs = [n(rank, j) for j in range(world)], [n(j, rank) for j in range(world)]
+    inp = torch.cat([torch.arange(k, dtype=torch.float32) + 1e6 * (10 * rank + j)
+                     for j, k in enumerate(ins)])
+    want = torch.cat([torch.arange(k, dtype=torch.float32) + 1e6 * (10 * j + rank)
+                      for j, k in enumerate(outs)])
+    ok, read = [], []
+    for _ in range(2):
+        comm.reset_stats()
+        res = torch.full((sum(outs),), -1.0)
+        comm.all_to_all_single(res, inp, outs, ins)
+        ok.append(torch.equal(res, want))
+        t = torch.arange(100000, dtype=torch.float32) + rank
+        lst = [torch.empty_like(t) for _ in range(world)] if rank == 0 else None
+        comm.gather(t, lst, dst=0)
+        if rank == 0:
+            ok.append(all(torch.equal(x, torch.arange(100000.0) + r) for r, x in enumerate(lst)))
+        got = torch.empty(100000)
+        src = [torch.arange(100000.0) * r for r in range(world)] if rank == 1 else None
+        comm.scatter(got, src, src=1)
+        ok.append(torch.equal(got, torch.arange(100000.0) * rank))
+        read.append(comm.stats()["p2p"]["single_copy_bytes"])
+    comm.close()
+    expect = 4 * (sum(k for j, k in enumerate(outs) if j != rank)
+                  + (100000 * (world - 1) if rank == 0 else 0) + (100000 if rank != 1 else 0))
+    return ok, read, expect
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_single_copy_blocks(transport):
+    for ok, read, expect in run_ranks(3, _single_copy, transport, -1):
+        assert all(ok), ok
+        assert read == ([expect, expect] if transport == "shm" else [0, 0]), (read, expect)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter is x86_64's")
+def test_single_copy_falls_back_when_forbidden():
+    """Rank 1 may not read other processes: its blocks come through the link, correct, and
+    the other pair keeps reading single copy."""
+    results = run_ranks(3, _single_copy, "shm", 1)
+    for ok, _, _ in results:
+        assert all(ok), ok
+    assert results[1][1] == [0, 0]
+    assert results[0][1][1] > 0 and results[2][1][1] > 0
+
+
+def _single_copy_split_mismatch(rank, world, store):
+    """Rank 0 sends 320 KB where rank 1 expects 160 KB: rank 1's call fails naming both sizes,
+    rank 0's completes, as when the blocks travel through the link."""
+    comm = _init(rank, world, store, transport="shm", timeout=20)
+    n = 40000
+    splits_in = [n, 2 * n] if rank == 0 else [n, n]
+    splits_out = [n, n]
+    inp, out = torch.ones(sum(splits_in)), torch.empty(sum(splits_out))
+    try:
+        comm.all_to_all_single(out, inp, splits_out, splits_in)
+    except pyring.Error as e:
+        return str(e)
+    return None
+
+
+def test_single_copy_split_mismatch_names_sizes():
+    results = run_ranks(2, _single_copy_split_mismatch)
+    assert results[0] is None
+    assert "rank 0 sent 320000 bytes but the receive expects 160000" in results[1], results[1]

@@ -146,6 +146,7 @@ void register_communicator(py::module_& m) {
   }
   for (int o = 0; o < kNumReduceOps; ++o) ops.append(op_name(static_cast<ReduceOp>(o)));
   m.attr("ALGO_NAMES") = py::tuple(algos);
+  m.attr("DEFAULT_SINGLE_COPY_BYTES") = kDefaultSingleCopyBytes;
   m.attr("DTYPE_NAMES") = py::tuple(dtypes);
   m.attr("DTYPE_SIZES") = py::tuple(sizes);
   m.attr("OP_NAMES") = py::tuple(ops);

@@ -88,12 +88,18 @@ void register_p2p(CommunicatorClass& cls) {
           py::arg("waits") = false,
           "Receives nbytes from rank src (-1: any); async: the Work (its source once complete), "
           "else the source rank.")
+      .def_property("single_copy_bytes", &Communicator::single_copy_bytes,
+                    &Communicator::set_single_copy_bytes,
+                    "gather/scatter/all_to_all blocks from this size up go single copy between "
+                    "ranks of one host (0: never).")
       .def(
           "p2p_bytes",
           [](Communicator& c) {
-            return std::make_pair(c.p2p().bytes_sent(), c.p2p().bytes_received());
+            return std::make_tuple(c.p2p().bytes_sent(), c.p2p().bytes_received(),
+                                   c.single_copy_read());
           },
-          "(bytes sent, bytes received) over the point-to-point links, frames included.")
+          "(bytes sent, bytes received) over the point-to-point links, frames included, and "
+          "the payload bytes read single copy.")
       .def(
           "gather",
           [](Communicator& c, uintptr_t in, size_t bytes, const SpanList& blocks, int root,

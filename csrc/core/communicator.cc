@@ -38,6 +38,7 @@ Communicator::Communicator(int rank, int size, Options options, Topology topolog
   left_ = ring_order_[static_cast<size_t>((pos + size - 1) % size)];
   right_ = ring_order_[static_cast<size_t>((pos + 1) % size)];
   links_.resize(static_cast<size_t>(size));
+  single_copy_failed_.assign(static_cast<size_t>(size), 0);
 }
 
 Communicator::~Communicator() {
@@ -54,6 +55,16 @@ int Communicator::spin_us() const {
     return kProgressSpinUs;
   }
   return options_.spin_us;
+}
+
+bool Communicator::single_copy_with(int peer, size_t bytes) const {
+  const size_t min = single_copy_bytes();
+  return min > 0 && bytes >= min && link_class(rank_, peer) == LinkClass::kShm &&
+         !single_copy_failed_[static_cast<size_t>(peer)];
+}
+
+void Communicator::single_copy_failed(int peer) {
+  single_copy_failed_[static_cast<size_t>(peer)] = 1;
 }
 
 LinkClass Communicator::link_class(int a, int b) const {

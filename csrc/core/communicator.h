@@ -25,6 +25,9 @@ enum class LinkClass : int { kShm = 0, kTcp = 1 };
 constexpr int kNumLinkClasses = 2;
 const char* link_class_name(LinkClass c);
 
+// Blocks of a gather, scatter or all_to_all from this size up go single copy within a host.
+constexpr size_t kDefaultSingleCopyBytes = 64 << 10;
+
 // One alpha-beta figure: a message of n bytes over the link costs alpha_s + n / bytes_per_s.
 struct LinkModel {
   double alpha_s;
@@ -94,6 +97,17 @@ class Communicator {
 
   P2pEngine& p2p() { return *p2p_; }
 
+  // Single-copy transfers (collectives/exchange.h) with a peer of this host, for blocks of at
+  // least single_copy_bytes() (0: never), until one with that peer fails. The pair's state is
+  // touched only by the collective that runs now.
+  size_t single_copy_bytes() const { return single_copy_bytes_.load(); }
+  void set_single_copy_bytes(size_t bytes) { single_copy_bytes_.store(bytes); }
+  bool single_copy_with(int peer, size_t bytes) const;
+  void single_copy_failed(int peer);
+  // Payload bytes this rank has read single copy, ever.
+  uint64_t single_copy_read() const { return single_copy_read_.load(); }
+  void add_single_copy_read(uint64_t bytes) { single_copy_read_.fetch_add(bytes); }
+
   // Scratch memory for the collective that runs now; valid until the next call.
   uint8_t* scratch(size_t bytes);
 
@@ -127,7 +141,10 @@ class Communicator {
   std::vector<std::unique_ptr<Link>> links_;
   std::shared_ptr<void> keepalive_;
   std::vector<uint8_t> scratch_;
-  uint64_t seq_ = 0;    // written only by the running collective
+  uint64_t seq_ = 0;  // written only by the running collective
+  std::atomic<size_t> single_copy_bytes_{kDefaultSingleCopyBytes};
+  std::atomic<uint64_t> single_copy_read_{0};
+  std::vector<uint8_t> single_copy_failed_;  // by peer; written only by the running collective
   std::string broken_;  // why the communicator is unusable; written only by the running collective
   CallCounters calls_;
   std::mutex log_mu_;

@@ -84,6 +84,9 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   // has completed or failed (their deadlines bound it): a collective's wait, with no hand-off
   // to the p2p thread.
   void wait_all(const std::vector<std::shared_ptr<Work>>& works);
+  // The same until done() (called between passes, without the engine's lock: it may post)
+  // returns true.
+  void drive_until_done(const std::function<bool()>& done) { drive_until(done, true); }
 
   // Fails every pending op with CommError(why) and stops the thread. Idempotent.
   void close(const std::string& why);

@@ -38,6 +38,7 @@ class Work {
 
   std::string description() const { return desc_.str(); }
   bool is_completed() const { return state_.load(std::memory_order_acquire) >= kDone; }
+  bool failed() const { return state_.load(std::memory_order_acquire) == kFailed; }
 
   // Waits until the work completes or `timeout_s` passes (negative: no limit of its own; the
   // collective's deadline still applies). Returns false on timeout; rethrows the collective's
