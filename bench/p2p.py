@@ -4,7 +4,8 @@ in one run, rounds alternating between the two.
     python bench/p2p.py [--rounds 5] [--out bench/results/p2p_vm.json]
 
 Measures, per backend and round:
-- send/recv ping-pong between ranks 0 and 1 of a 2-rank job, 4 KiB: one-way time (µs),
+- send/recv ping-pong between ranks 0 and 1 of a 2-rank job, 4 KiB: one-way time (µs, the
+  median over chunks of PINGPONG_CHUNK round trips),
   through torch.distributed and, for pyring, also through its own Communicator (the process
   group's ``comm``, same links);
 - all_to_all_single in a 4-rank job, 1 MiB per rank pair: time per call (ms).
@@ -33,6 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402
 
 PINGPONG_BYTES = 4096
+# Round trips per timed chunk; a job reports its median chunk, so that a rare stall of the
+# shared VM or of Python (a full garbage collection) does not stand for the typical call.
+PINGPONG_CHUNK = 100
 A2A_PAIR_BYTES = 1 << 20
 
 
@@ -63,19 +67,22 @@ def _pingpong(rank: int, iters: int, api: str) -> float:
     # rank 0 equals the number of round trips, which checks every message's every element.
     t.zero_()
     dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        if rank == 0:
-            send(t, peer)
-            recv(t, peer)
-        else:
-            recv(t, peer)
-            t.add_(1.0)
-            send(t, peer)
-    took = time.perf_counter() - t0
+    chunks = []
+    for _ in range(0, iters, PINGPONG_CHUNK):
+        t0 = time.perf_counter()
+        for _ in range(PINGPONG_CHUNK):
+            if rank == 0:
+                send(t, peer)
+                recv(t, peer)
+            else:
+                recv(t, peer)
+                t.add_(1.0)
+                send(t, peer)
+        chunks.append((time.perf_counter() - t0) / PINGPONG_CHUNK / 2 * 1e6)
     if rank == 0:
-        assert torch.equal(t, torch.full_like(t, float(iters))), "ping-pong data wrong"
-    return took / iters / 2 * 1e6
+        want = float(len(chunks) * PINGPONG_CHUNK)
+        assert torch.equal(t, torch.full_like(t, want)), "ping-pong data wrong"
+    return statistics.median(chunks)
 
 
 def _register_null() -> None:
@@ -101,11 +108,14 @@ def _null_calls(rank: int, iters: int) -> float:
     peer = 1 - rank
     for _ in range(iters // 10):
         dist.send(t, peer)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.send(t, peer)
-        dist.recv(t, peer)
-    return (time.perf_counter() - t0) / iters / 2 * 1e6
+    chunks = []
+    for _ in range(0, iters, PINGPONG_CHUNK):
+        t0 = time.perf_counter()
+        for _ in range(PINGPONG_CHUNK):
+            dist.send(t, peer)
+            dist.recv(t, peer)
+        chunks.append((time.perf_counter() - t0) / PINGPONG_CHUNK / 2 * 1e6)
+    return statistics.median(chunks)
 
 
 def _a2a(rank: int, world: int, iters: int) -> float:

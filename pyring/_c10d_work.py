@@ -26,6 +26,7 @@ def _seconds(timeout: Any) -> float | None:
 class PyringWork(_Work):
     """c10d's Work over one :class:`pyring.Work` (None: the collective already ran).
 
+    ``work`` None: the op completed before the Work was made (``source``: its sender).
     ``wait(timeout)`` raises the collective's error (pyring.CommError) or pyring.CommTimeout.
     ``get_future()`` completes with the list of output tensors, on one of pyring's callback threads;
     it is made on first request, except where outputs need a copy-out (``finish``), which runs
@@ -33,9 +34,10 @@ class PyringWork(_Work):
     """
 
     def __init__(self, work: Work | None, outputs: list, finish: Any = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, source: int = -1) -> None:
         super().__init__()
         self._work = work
+        self._source = source  # a receive that completed before this Work was made
         self._outputs = outputs
         self._finish = finish
         self._timeout_s = timeout_s
@@ -68,7 +70,7 @@ class PyringWork(_Work):
 
     def _source_rank(self) -> int:
         """The sender of a completed receive (torch calls it after recv from any source)."""
-        return self._work.source if self._work is not None else -1
+        return self._work.source if self._work is not None else self._source
 
     source_rank = _source_rank
 

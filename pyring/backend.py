@@ -260,10 +260,14 @@ class ProcessGroupPyring(_ProcessGroup):
         comm = self.comm
         v = bytes_of(t, what, "tensor", writable=what != "send")
         peer = comm._peer(peer, what, "peer", any_ok=what == "recv_anysource")
-        # Under torch's synchronous send/recv, which wait at once, the waiting thread drives
-        # the links and the p2p thread is left asleep.
-        sync = _called_from_sync_p2p(sys._getframe(2))
-        work = call(v.ptr, v.nbytes, peer, comm._tag(tag, what), True, sync)
+        tag = comm._tag(tag, what)
+        if _called_from_sync_p2p(sys._getframe(2)):
+            # torch's synchronous send/recv, which wait at once: the op runs to the end here
+            # (this thread drives the links, the p2p thread is left asleep) and torch's wait()
+            # finds it complete.
+            source = call(v.ptr, v.nbytes, peer, tag, False, True)
+            return PyringWork(None, [t], source=-1 if source is None else source)
+        work = call(v.ptr, v.nbytes, peer, tag, True, False)
         comm._keep(work, t)
         return PyringWork(Work(work, t), [t])
 

@@ -125,6 +125,8 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   // case it sleeps on the links and goes on.
   void drive_until(const std::function<bool()>& done, bool to_the_end);
   void loop();
+  // Waits on idle_cv_ for kParkTime, or until a post nobody helps or close().
+  void park();
   void block();
   void wake();
 
@@ -144,6 +146,7 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   uint64_t passes_ = 0;                    // progress passes; guarded by mu_
 
   std::atomic<int> helpers_{0};  // threads driving in help()
+  std::atomic<bool> helped_since_park_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   int event_fd_ = -1;

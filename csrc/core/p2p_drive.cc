@@ -13,9 +13,10 @@ namespace pyring {
 namespace {
 constexpr int kMaxSleepMs = 50;        // how often the sleeping thread checks peers
 constexpr unsigned kThreadPolls = 32;  // passes without progress before the thread sleeps
-// While a waiting thread drives, the p2p thread parks: a helper that leaves with nothing else
+// While waiting threads drive, the p2p thread parks: a helper that leaves with nothing else
 // in flight does not wake it (a wake-up costs more than the message); a post that nobody
-// helps does.
+// helps does. It stays parked while helpers keep coming (a loop of synchronous sends and
+// receives), rather than sleeping where every incoming message would wake it.
 constexpr auto kParkTime = std::chrono::milliseconds(kMaxSleepMs);
 }  // namespace
 
@@ -35,6 +36,7 @@ void P2pEngine::wait_all(const std::vector<std::shared_ptr<Work>>& works) {
 
 void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) {
   helpers_.fetch_add(1);
+  helped_since_park_.store(true, std::memory_order_relaxed);
   const auto spin = std::chrono::microseconds(spin_us_);
   auto idle_since = Clock::now();
   // The clock is read every 16 passes: a read costs as much as a pass.
@@ -72,12 +74,7 @@ void P2pEngine::loop() {
   auto last_check = Clock::now();
   while (!stop_.load()) {
     if (helpers_.load() > 0) {
-      // A waiting thread drives the links; this one would only contend for them.
-      std::unique_lock<std::mutex> lock(idle_mu_);
-      parked_ = true;
-      idle_cv_.wait_for(lock, kParkTime,
-                        [&] { return (helpers_.load() == 0 && unhelped_) || stop_.load(); });
-      parked_ = unhelped_ = false;
+      park();  // a waiting thread drives the links; this one would only contend for them
       continue;
     }
     bool moved;
@@ -91,6 +88,10 @@ void P2pEngine::loop() {
     }
     if (++polls < kThreadPolls) {
       cpu_relax();
+      continue;
+    }
+    if (helped_since_park_.exchange(false)) {
+      park();
       continue;
     }
     block();
@@ -111,6 +112,15 @@ void P2pEngine::loop() {
       if (in_flight_ > 0) expire_locked();
     }
   }
+}
+
+void P2pEngine::park() {
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  parked_ = true;
+  helped_since_park_.store(false);
+  idle_cv_.wait_for(lock, kParkTime,
+                    [&] { return (helpers_.load() == 0 && unhelped_) || stop_.load(); });
+  parked_ = unhelped_ = false;
 }
 
 // Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
