@@ -8,7 +8,8 @@ Measures, per backend and round:
   median over chunks of PINGPONG_CHUNK round trips),
   through torch.distributed and, for pyring, also through its own Communicator (the process
   group's ``comm``, same links);
-- all_to_all_single in a 4-rank job, 1 MiB per rank pair: time per call (ms).
+- all_to_all_single in a 4-rank job, 1 MiB per rank pair: time per call (ms); for pyring
+  also with single-copy blocks off (PYRING_SINGLE_COPY_BYTES=0).
 Each job checks every received element. A third job measures what one send or recv call
 costs through torch.distributed's layers with a Python backend that moves nothing: the
 floor any Python backend (pyring's included) pays per call. Targets: send/recv at least 20x
@@ -192,6 +193,7 @@ def main() -> None:
         b: {"send_recv_4KiB_oneway_us": [], "all_to_all_single_4ranks_1MiB_pair_ms": []}
         for b in ("pyring", "gloo")}
     rows["pyring"]["send_recv_4KiB_oneway_us_pyring_api"] = []
+    rows["pyring"]["all_to_all_single_4ranks_1MiB_pair_ms_no_single_copy"] = []
     for rnd in range(args.rounds):
         for b in ("pyring", "gloo") if rnd % 2 == 0 else ("gloo", "pyring"):
             pp = run_job(b, "pingpong", 2, args.pingpong_iters)
@@ -200,6 +202,13 @@ def main() -> None:
                 rows[b]["send_recv_4KiB_oneway_us_pyring_api"].append(pp[1])
             rows[b]["all_to_all_single_4ranks_1MiB_pair_ms"].append(
                 run_job(b, "a2a", 4, args.a2a_iters)[0])
+            if b == "pyring":  # the blocks through the shared segment instead
+                os.environ["PYRING_SINGLE_COPY_BYTES"] = "0"
+                try:
+                    rows[b]["all_to_all_single_4ranks_1MiB_pair_ms_no_single_copy"].append(
+                        run_job(b, "a2a", 4, args.a2a_iters)[0])
+                finally:
+                    del os.environ["PYRING_SINGLE_COPY_BYTES"]
             print(f"round {rnd} {b}: " + ", ".join(f"{k}={v[-1]:.2f}"
                                                      for k, v in rows[b].items()), flush=True)
     floor = [run_job("null", "calls", 2, args.pingpong_iters) for _ in range(args.rounds)]
@@ -213,6 +222,9 @@ def main() -> None:
         "all_to_all_single_speedup_over_gloo":
             med["gloo"]["all_to_all_single_4ranks_1MiB_pair_ms"]
             / med["pyring"]["all_to_all_single_4ranks_1MiB_pair_ms"],
+        "all_to_all_single_speedup_over_gloo_no_single_copy":
+            med["gloo"]["all_to_all_single_4ranks_1MiB_pair_ms"]
+            / med["pyring"]["all_to_all_single_4ranks_1MiB_pair_ms_no_single_copy"],
     }
     targets = {"send_recv_speedup_over_gloo >= 20": ratios["send_recv_speedup_over_gloo"] >= 20,
                "send_recv_speedup_over_gloo_pyring_api >= 20":
