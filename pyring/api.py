@@ -218,8 +218,10 @@ def _close_all() -> None:
 
 
 def all_reduce(tensor: Any, op: Any = "sum", async_op: bool = False,
-               out: Any = None, algo: str | None = None) -> Work | None:
-    return default().all_reduce(tensor, op=op, async_op=async_op, out=out, algo=algo)
+               out: Any = None, algo: str | None = None, wire: str = "fp32",
+               state: Any = None) -> Work | None:
+    return default().all_reduce(tensor, op=op, async_op=async_op, out=out, algo=algo,
+                                wire=wire, state=state)
 
 
 def stats() -> dict[str, Any]:

@@ -60,10 +60,25 @@ class Communicator(PointToPoint):
         return Work(cwork, result)
 
     def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,
-                   out: Any = None, algo: str | None = None) -> Work | None:
+                   out: Any = None, algo: str | None = None, wire: str = "fp32",
+                   state: Any = None) -> Work | None:
         """Reduces ``tensor`` across ranks into ``out`` (default: in place). ``algo``
         ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
-        rank must pass the same."""
+        rank must pass the same. ``wire`` 'fp16', 'bf16' or 'onebit' (with ``state``, a
+        pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
+        'sum' or 'avg' of floating torch tensors, run synchronously."""
+        if wire != "fp32":
+            from .compression import all_reduce_wire, check_wire
+
+            check_wire(wire, "all_reduce")
+            if async_op or algo is not None:
+                raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
+                                 f"schedule; async_op and algo do not apply")
+            if out is not None:
+                out.copy_(tensor)
+                tensor = out
+            all_reduce_wire(self, tensor, op, wire, state)
+            return None
         code = op_code(op, "all_reduce")
         if algo is None:
             algo_code = -1

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import api
 from .communicator import Communicator
+from .compression import GradientExchange, all_reduce_wire
 
 _init_lock = threading.Lock()
 
@@ -45,38 +46,66 @@ def allreduce_hook(state: Any, bucket):
     return comm.all_reduce(bucket.buffer(), op="avg", async_op=True).get_future()
 
 
-def _compress_hook(state: Any, bucket, dtype_name: str):
+def _completed(value: Any) -> Any:
     import torch
 
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _compress_hook(state: Any, bucket, wire: str):
     comm = _communicator(state)
     buf = bucket.buffer()
-    wire = getattr(torch, dtype_name)
-    if buf.dtype == wire:
-        return allreduce_hook(comm, bucket)
-    half = buf.to(wire)
-    fut = comm.all_reduce(half, op="avg", async_op=True).get_future()
-
-    def back(f: Any) -> Any:
-        buf.copy_(f.value())
-        return buf
-
-    return fut.then(back)
+    all_reduce_wire(comm, buf, "avg", wire)
+    return _completed(buf)
 
 
 def fp16_compress_hook(state: Any, bucket):
-    """DDP comm hook with torch's name: the bucket travels as float16 (half the bytes). Each
-    rank adds in float32 and rounds once per hop (torch's hook over gloo adds in float16); the
-    average is copied back into the bucket, whose future carries it. ``state`` as for
-    :func:`allreduce_hook`; works whatever DDP's own process group is."""
-    return _compress_hook(state, bucket, "float16")
+    """DDP comm hook with torch's name: the bucket travels as float16, half the bytes of
+    float32, on the compressed schedule of pyring/compression.py (rounded to float16 twice,
+    added in float32 once; torch's hook over gloo adds in float16 at every hop). It runs when
+    DDP hands it the bucket and returns a completed future whose value is the averaged bucket.
+    ``state`` as for :func:`allreduce_hook`; works whatever DDP's own process group is."""
+    return _compress_hook(state, bucket, "fp16")
 
 
 def bf16_compress_hook(state: Any, bucket):
     """As :func:`fp16_compress_hook`, on the bfloat16 wire (float32's range, 8 bits of
     mantissa)."""
-    return _compress_hook(state, bucket, "bfloat16")
+    return _compress_hook(state, bucket, "bf16")
 
 
 # DDP refuses a hook whose __name__ is torch's "bf16_compress_hook" unless NCCL is present;
 # this one needs no NCCL, so it answers to torch's name as an attribute only.
 bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "pyring_bf16_compress_hook"
+
+
+class OneBitHookState:
+    """The state of :func:`onebit_hook`: the communicator (None: the default one, as for
+    :func:`allreduce_hook`) and a :class:`pyring.GradientExchange` holding each bucket's
+    one-bit residuals, keyed by the bucket's index. ``state_dict()`` checkpoints them."""
+
+    def __init__(self, comm: Communicator | None = None) -> None:
+        self.comm = comm
+        self.exchange = GradientExchange("onebit")
+
+    def state_dict(self) -> dict:
+        return self.exchange.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.exchange.load_state_dict(sd)
+
+
+def onebit_hook(state: OneBitHookState, bucket):
+    """DDP comm hook: averages the bucket on the one-bit wire with error feedback (signs and a
+    scale per chunk; pyring/compression.py), about 1/32 of float32's bytes. ``state`` is a
+    :class:`OneBitHookState`, one per DDP model. Returns a completed future whose value is the
+    averaged bucket."""
+    if not isinstance(state, OneBitHookState):
+        raise TypeError(f"pyring.hooks.onebit_hook: state must be a "
+                        f"pyring.hooks.OneBitHookState, got {type(state).__name__}")
+    comm = _communicator(state.comm)
+    buf = bucket.buffer()
+    state.exchange.average(comm, buf, bucket.index())
+    return _completed(buf)

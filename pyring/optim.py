@@ -20,6 +20,7 @@ from typing import Any
 
 from ._agree import check_same_on_all_ranks, describe
 from .api import default
+from .compression import GradientExchange
 from .errors import Error
 
 _FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
@@ -75,9 +76,10 @@ class _GradSync:
     accumulated into the gradients since the last exchange."""
 
     def __init__(self, comm: Any, params: list[Any], names: list[str], bucket_bytes: int,
-                 passes: int, as_view: bool) -> None:
+                 passes: int, as_view: bool, exchange: GradientExchange) -> None:
         import torch
 
+        self.exchange = exchange
         self.comm, self.params, self.names, self.passes = comm, params, names, passes
         self.as_view = as_view
         groups = plan(params, bucket_bytes)
@@ -148,7 +150,8 @@ class _GradSync:
         b.missing -= 1
 
     def launch(self, b: _Bucket) -> None:
-        self.inflight.append(self.comm.all_reduce(b.buf, op="avg", async_op=True))
+        self.inflight.append(self.exchange.average(self.comm, b.buf, b.index,
+                                                   exact_tail=len(b.members)))
         self.next += 1
 
     def unpack(self) -> None:
@@ -251,7 +254,7 @@ def _remove(handles: list[Any]) -> None:
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any = None,
                          bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1,
-                         gradient_as_bucket_view: bool = True) -> Any:
+                         gradient_as_bucket_view: bool = True, compression: str = "none") -> Any:
     """Makes ``optimizer`` average its gradients across ranks, and returns it (the same object,
     still an instance of its class, so LR schedulers and ``state_dict`` work as before).
 
@@ -276,6 +279,13 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     the bucket. Between the copy and ``synchronize()`` the view is in flight: read gradients
     only after ``synchronize()`` (or ``step()``), and clone one to keep it past the next
     exchange. False: the averages are copied into the ``.grad`` tensors autograd made.
+
+    ``compression`` ("none", "fp16", "bf16" or "onebit") is the wire the gradients travel on:
+    a :class:`pyring.GradientExchange`, the strategy the DDP hooks share. "none" is the
+    ordinary allreduce, overlapping backward; the others exchange each bucket as it fills, on
+    the compressed schedule of pyring/compression.py (one-bit with error-feedback residuals
+    per bucket, in ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
+    The per-parameter flags always travel exactly.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``
@@ -338,12 +348,14 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
                              f"averages {', '.join(d[6:] for d in _FLOATS)} gradients")
     # Registration order, so that an error names the first parameter that differs.
     entries = [(f"parameter {n!r}", describe(p)) for n, p in zip(names[::-1], params[::-1])]
+    exchange = GradientExchange(compression)
     entries += [("bucket_bytes", str(bucket_bytes)),
-                ("backward_passes_per_step", str(backward_passes_per_step))]
+                ("backward_passes_per_step", str(backward_passes_per_step)),
+                ("compression", compression)]
     check_same_on_all_ranks(comm, "DistributedOptimizer", entries)
 
     sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step,
-                     bool(gradient_as_bucket_view))
+                     bool(gradient_as_bucket_view), exchange)
     ref = weakref.ref(sync)
     handles = [p.register_hook(functools.partial(_pre_hook, ref, i)) for i, p in enumerate(params)]
     handles += [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
@@ -353,6 +365,16 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     optimizer.synchronize = sync.synchronize
     optimizer.no_sync = sync.no_sync
     optimizer.skip_synchronize = sync.skip_synchronize
+    optimizer.exchange = exchange
     optimizer.zero_grad = functools.partial(_zero_grad, weakref.ref(optimizer))
     weakref.finalize(optimizer, _remove, handles)
     return optimizer
+
+
+def __getattr__(name: str) -> Any:
+    """``pyring.optim.OneBitAdam``, imported on first use (it needs torch)."""
+    if name == "OneBitAdam":
+        from .onebit_adam import OneBitAdam
+
+        return OneBitAdam
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,202 @@
+"""Compressed exchange against the float32 baseline: final validation loss, accuracy, bytes
+exchanged over the whole run and wall time, on 2 ranks and several seeds.
+
+    python bench/convergence.py [--seeds 3] [--steps 400] [--out bench/results/convergence_vm.json]
+
+Task: digit classification on scikit-learn's bundled ``load_digits`` (1797 8x8 images, no
+download), an MLP 64-128-10; 80% train (each rank its half, batches of 32), 20% validation.
+Methods, each from the same initial weights and batches per seed:
+- ``adamw_fp32``: AdamW under DistributedOptimizer, float32 allreduce (the baseline);
+- ``adamw_bf16``: the same with compression="bf16";
+- ``adamw_onebit``: the same with compression="onebit" (gradients, error feedback);
+- ``onebit_adam``: pyring.optim.OneBitAdam (decoupled weight decay), frozen after
+  ``--freeze`` steps, and again with each of ``--freeze-sweep`` to show how far the byte
+  ratio goes while the loss holds.
+Bytes are what rank 0 received (Communicator.stats(): collectives' links, point-to-point
+links, single-copy reads). Targets (issue 12): OneBitAdam >= 10x fewer bytes and bf16 >= 1.9x,
+each with the final validation loss within the baseline's spread over seeds. Draws
+``<out>.png``: validation loss against steps and against bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
+EVAL_EVERY = 20
+
+
+def _data(seed: int):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0
+    y = torch.tensor(y)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(y))
+    return x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _optimizer(method: str, model: nn.Module, comm, args) -> torch.optim.Optimizer:
+    import pyring
+
+    if method.startswith("onebit_adam"):
+        freeze = int(method.rsplit("_", 1)[1]) if method != "onebit_adam" else args.freeze
+        return pyring.optim.OneBitAdam(model.parameters(), lr=args.lr, weight_decay=1e-4,
+                                       decoupled_weight_decay=True, freeze_step=freeze,
+                                       comm=comm)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    compression = {"adamw_fp32": "none", "adamw_bf16": "bf16", "adamw_onebit": "onebit"}[method]
+    return pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       comm=comm, compression=compression)
+
+
+def _run(method: str, seed: int, rank: int, world: int, comm, args) -> dict:
+    from pyring.compression import received_bytes
+
+    xt, yt, xv, yv = _data(seed)
+    model = _model(seed)
+    opt = _optimizer(method, model, comm, args)
+    shard = torch.arange(rank, len(yt), world)
+    g = torch.Generator().manual_seed(seed)
+    curve, got = [], 0
+    comm.reset_stats()
+    t0 = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        idx = shard[torch.randint(0, len(shard), (32,), generator=g)]
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+        opt.step()
+        if step % EVAL_EVERY == 0 or step == args.steps:
+            got = received_bytes(comm.stats())
+            with torch.no_grad():
+                out = model(xv)
+                loss = float(nn.functional.cross_entropy(out, yv))
+                acc = float((out.argmax(1) == yv).float().mean())
+            curve.append((step, got, loss, acc))
+    return {"curve": curve, "bytes": got, "wall_s": time.perf_counter() - t0,
+            "val_loss": curve[-1][2], "accuracy": curve[-1][3]}
+
+
+def _worker(rank: int, world: int, port: int, methods: list[str], seeds: list[int], args,
+            q) -> None:
+    import torch.distributed as dist
+
+    import pyring
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
+                          timeout=datetime.timedelta(seconds=120))
+    comm = pyring.init(rank=rank, world_size=world, store=store)
+    rows = {m: [_run(m, s, rank, world, comm, args) for s in seeds] for m in methods}
+    if rank == 0:
+        q.put(rows)
+    comm.close()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _plot(summary: dict, rows: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for m, runs in rows.items():
+        c = runs[0]["curve"]
+        a.plot([p[0] for p in c], [p[2] for p in c], label=m)
+        b.plot([max(p[1], 1) for p in c], [p[2] for p in c], label=m)
+    a.set(xlabel="step", ylabel="validation loss (seed 0)", yscale="log")
+    b.set(xlabel="bytes received by rank 0", ylabel="validation loss (seed 0)", xscale="log",
+          yscale="log")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--freeze", type=int, default=20)
+    ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
+    ap.add_argument("--out", default="bench/results/convergence_vm.json")
+    args = ap.parse_args()
+    methods = ["adamw_fp32", "adamw_bf16", "adamw_onebit", "onebit_adam"]
+    methods += [f"onebit_adam_{f}" for f in args.freeze_sweep.split(",") if f]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port, world = _port(), 2
+    procs = [ctx.Process(target=_worker, args=(r, world, port, methods,
+                                                list(range(args.seeds)), args, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = q.get(timeout=3600)
+    for p in procs:
+        p.join(60)
+    base = rows["adamw_fp32"]
+    lo, hi = min(r["val_loss"] for r in base), max(r["val_loss"] for r in base)
+    base_bytes = statistics.mean(r["bytes"] for r in base)
+    summary = {}
+    for m, runs in rows.items():
+        losses = [r["val_loss"] for r in runs]
+        mean = statistics.mean(losses)
+        summary[m] = {
+            "val_loss_mean": mean, "val_loss_min": min(losses), "val_loss_max": max(losses),
+            "accuracy_mean": statistics.mean(r["accuracy"] for r in runs),
+            "bytes_mean": statistics.mean(r["bytes"] for r in runs),
+            "bytes_ratio_vs_baseline": base_bytes / statistics.mean(r["bytes"] for r in runs),
+            "wall_s_mean": statistics.mean(r["wall_s"] for r in runs),
+            # within the baseline's spread over seeds, or below it
+            "loss_within_baseline_spread": mean <= hi,
+        }
+        print(f"{m:18s} loss {mean:.4f} [{min(losses):.4f}, {max(losses):.4f}] "
+              f"acc {summary[m]['accuracy_mean']:.3f} bytes {summary[m]['bytes_mean']:.3e} "
+              f"({summary[m]['bytes_ratio_vs_baseline']:.1f}x fewer) "
+              f"{summary[m]['wall_s_mean']:.1f} s", flush=True)
+    targets = {
+        "onebit_adam >= 10x fewer bytes, loss within spread":
+            summary["onebit_adam"]["bytes_ratio_vs_baseline"] >= 10
+            and summary["onebit_adam"]["loss_within_baseline_spread"],
+        "adamw_bf16 >= 1.9x fewer bytes, loss within spread":
+            summary["adamw_bf16"]["bytes_ratio_vs_baseline"] >= 1.9
+            and summary["adamw_bf16"]["loss_within_baseline_spread"],
+    }
+    result = {"machine": describe(), "command": " ".join(sys.argv), "task": "digits",
+              "world": world, "steps": args.steps, "lr": args.lr, "freeze": args.freeze,
+              "baseline_spread": [lo, hi], "summary": summary, "targets_met": targets,
+              "runs": rows}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    _plot(summary, rows, os.path.splitext(args.out)[0] + ".png")
+    print(json.dumps(targets, indent=1))
+
+
+if __name__ == "__main__":
+    main()

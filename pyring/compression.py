@@ -1,0 +1,229 @@
+"""Compressed allreduce: the fp16, bf16 and one-bit wires, with error feedback for one-bit.
+
+    state = pyring.OneBitState()                  # one per bucket, owned by the caller
+    comm.all_reduce(grad, op="avg", wire="onebit", state=state)
+
+The schedule, for every wire but fp32 (which is the ordinary allreduce), on N ranks:
+
+1. each rank compresses its tensor chunk by chunk (chunk j is owned by rank j); one-bit adds
+   the state's *worker* residual first and keeps what compression dropped in it;
+2. an all-to-all moves every compressed chunk to its owner;
+3. the owner decompresses the N copies of its chunk and adds them in float32 (sum or avg);
+4. it compresses the result again (one-bit with the state's *server* residual);
+5. an all-gather gives every rank every compressed chunk, which each decompresses.
+
+Every rank therefore ends with the same values. fp16 and bf16 round twice (steps 1 and 4) and
+add in float32 once, on the owner; each byte of a float32 tensor crosses the wire as half of
+one. One-bit sends, per chunk, an 8-byte scale header and one sign bit per element, plus a
+zero mask only in chunks that hold an exact zero: an element that is zero on every rank, with
+zero residuals, decodes to exactly zero, so frozen or padded parameters need no user-made mask
+(csrc/kernels/onebit.h). Only op "sum" and "avg" of floating tensors are accepted. A world of
+one rank returns the tensor unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _C
+from .ops import op_code
+
+WIRES = ("fp32", "fp16", "bf16", "onebit")
+_HALF = {"fp16": "float16", "bf16": "bfloat16"}
+_FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
+
+
+def check_wire(wire: Any, where: str) -> str:
+    if wire not in WIRES:
+        raise ValueError(f"{where}: wire={wire!r} is not valid (valid: {', '.join(WIRES)})")
+    return wire
+
+
+class OneBitState:
+    """The error-feedback residuals of one bucket on the one-bit wire: ``worker`` (what this
+    rank's compression of its whole tensor dropped) and ``server`` (what compressing the
+    average of the chunk it owns dropped). Both start at zero on first use; a state serves
+    one tensor size on one world, and refuses any other."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.server: Any = None
+
+    def _bind(self, n: int, own: int) -> None:
+        import torch
+
+        if self.worker is None:
+            self.worker = torch.zeros(n, dtype=torch.float32)
+            self.server = torch.zeros(own, dtype=torch.float32)
+        elif self.worker.numel() != n or self.server.numel() != own:
+            raise ValueError(f"OneBitState holds residuals for {self.worker.numel()} elements "
+                             f"(server chunk {self.server.numel()}), this tensor has {n} "
+                             f"(chunk {own}): use one state per bucket")
+
+    def state_dict(self) -> dict:
+        return {"worker": None if self.worker is None else self.worker.clone(),
+                "server": None if self.server is None else self.server.clone()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.worker = None if sd["worker"] is None else sd["worker"].clone()
+        self.server = None if sd["server"] is None else sd["server"].clone()
+
+
+def _chunks(n: int, world: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, world)
+    out, off = [], 0
+    for j in range(world):
+        size = base + (1 if j < extra else 0)
+        out.append((off, size))
+        off += size
+    return out
+
+
+def _encode_onebit(x: Any, residual: Any, out: Any, at: int) -> int:
+    """Encodes float32 ``x`` (contiguous) with ``residual`` into the uint8 ``out`` from byte
+    ``at``; returns the bytes written."""
+    return _C.onebit_encode(x.data_ptr(), residual.data_ptr() if residual is not None else 0,
+                            x.numel(), out.data_ptr() + at)
+
+
+def _decode_onebit(enc: Any, at: int, n: int, alpha: float, accumulate: bool, out: Any) -> None:
+    _C.onebit_decode(enc.data_ptr() + at, n, alpha, accumulate, out.data_ptr())
+
+
+def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
+                    state: OneBitState | None = None) -> Any:
+    """Reduces ``tensor`` in place across ``comm``'s ranks on ``wire`` (see the module) and
+    returns it. ``state`` is required for (and only used by) the one-bit wire."""
+    import torch
+
+    check_wire(wire, "all_reduce")
+    name = _C.OP_NAMES[op_code(op, "all_reduce")]
+    if name not in ("sum", "avg"):
+        raise ValueError(f"all_reduce: wire={wire!r} takes op 'sum' or 'avg', got {op!r}")
+    op = name
+    if not isinstance(tensor, torch.Tensor) or str(tensor.dtype) not in _FLOATS:
+        raise ValueError(f"all_reduce: wire={wire!r} takes a floating torch tensor, got "
+                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if wire == "onebit" and not isinstance(state, OneBitState):
+        raise ValueError("all_reduce: wire='onebit' needs state=pyring.OneBitState() (one per "
+                         "bucket, kept across calls)")
+    if wire == "fp32":
+        comm.all_reduce(tensor, op=op)
+        return tensor
+    world, rank = comm.world_size, comm.rank
+    if world == 1:
+        return tensor
+    flat = tensor.reshape(-1)
+    x = flat.to(torch.float32).contiguous()
+    chunks = _chunks(x.numel(), world)
+    own_off, own_n = chunks[rank]
+    if wire == "onebit":
+        state._bind(x.numel(), own_n)
+        send = torch.empty(sum(_C.onebit_max_bytes(n) for _, n in chunks), dtype=torch.uint8)
+        sizes, at = [], 0
+        for off, n in chunks:
+            sizes.append(_encode_onebit(x[off:off + n], state.worker[off:off + n], send, at))
+            at += sizes[-1]
+        send = send[:at]
+        got = torch.empty(world, dtype=torch.int64)
+        comm.all_to_all_single(got, torch.tensor(sizes, dtype=torch.int64))
+        recv_sizes = got.tolist()
+    else:
+        half = getattr(torch, _HALF[wire])
+        send = x.to(half).view(torch.uint8)
+        sizes = [2 * n for _, n in chunks]
+        recv_sizes = [2 * own_n] * world
+    recv = torch.empty(sum(recv_sizes), dtype=torch.uint8)
+    comm.all_to_all_single(recv, send, recv_sizes, sizes)
+    # The owner adds the N copies of its chunk in float32, in rank order.
+    acc = torch.zeros(own_n, dtype=torch.float32)
+    alpha = 1.0 / world if op == "avg" else 1.0
+    at = 0
+    for j in range(world):
+        if wire == "onebit":
+            _decode_onebit(recv, at, own_n, alpha, True, acc)
+        else:
+            acc.add_(recv[at:at + recv_sizes[j]].view(half).to(torch.float32), alpha=alpha)
+        at += recv_sizes[j]
+    if wire == "onebit":
+        mine = torch.empty(_C.onebit_max_bytes(own_n), dtype=torch.uint8)
+        mine = mine[:_encode_onebit(acc, state.server, mine, 0)]
+        lens = torch.empty(world, dtype=torch.int64)
+        comm.all_gather_into_tensor(lens, torch.tensor([mine.numel()], dtype=torch.int64))
+        lens_l = lens.tolist()
+    else:
+        mine = acc.to(half).view(torch.uint8)
+        lens_l = [2 * n for _, n in chunks]
+    # all-gather needs equal blocks: every rank pads to the longest.
+    width = max(lens_l)
+    block = torch.zeros(width, dtype=torch.uint8)
+    block[:mine.numel()] = mine
+    gathered = torch.empty(world * width, dtype=torch.uint8)
+    comm.all_gather_into_tensor(gathered, block)
+    for j, (off, n) in enumerate(chunks):
+        if wire == "onebit":
+            _decode_onebit(gathered, j * width, n, 1.0, False, x[off:off + n])
+        else:
+            x[off:off + n] = gathered[j * width:j * width + 2 * n].view(half).to(torch.float32)
+    flat.copy_(x)
+    return tensor
+
+
+def received_bytes(stats: dict) -> int:
+    """The bytes this rank received in ``stats`` (Communicator.stats()): the collectives' links,
+    the point-to-point links and the blocks read single copy."""
+    p2p = stats["p2p"]
+    return stats["bytes_received"] + p2p["bytes_received"] + p2p["single_copy_bytes"]
+
+
+COMPRESSIONS = ("none", "fp16", "bf16", "onebit")
+
+
+class _Completed:
+    """The Work of an exchange that ran to the end before it was returned."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+
+class GradientExchange:
+    """How buckets of gradients are averaged: the strategy that
+    ``DistributedOptimizer(compression=...)`` and the DDP hooks share.
+
+    ``compression`` "none" is the ordinary allreduce, asynchronous; "fp16", "bf16" and
+    "onebit" run :func:`all_reduce_wire` (synchronously: the schedule is several collectives)
+    with one :class:`OneBitState` per bucket key, kept here.
+    """
+
+    def __init__(self, compression: str = "none") -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression={compression!r} is not valid "
+                             f"(valid: {', '.join(COMPRESSIONS)})")
+        self.compression = compression
+        self.wire = "fp32" if compression == "none" else compression
+        self.states: dict[Any, OneBitState] = {}
+
+    def average(self, comm: Any, buf: Any, key: Any, exact_tail: int = 0) -> Any:
+        """Averages the 1-D ``buf`` in place and returns a Work to wait on. Its last
+        ``exact_tail`` elements (flags, counts) always travel exactly, in full precision."""
+        if self.compression == "none":
+            return comm.all_reduce(buf, op="avg", async_op=True)
+        head = buf[:buf.numel() - exact_tail]
+        state = self.states.setdefault(key, OneBitState()) if self.wire == "onebit" else None
+        all_reduce_wire(comm, head, "avg", self.wire, state)
+        if exact_tail:
+            comm.all_reduce(buf[buf.numel() - exact_tail:], op="avg")
+        return _Completed()
+
+    def state_dict(self) -> dict:
+        return {"compression": self.compression,
+                "states": {k: s.state_dict() for k, s in self.states.items()}}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["compression"] != self.compression:
+            raise ValueError(f"GradientExchange: the state is for compression "
+                             f"{sd['compression']!r}, this exchange uses {self.compression!r}")
+        self.states = {}
+        for k, s in sd["states"].items():
+            self.states[k] = OneBitState()
+            self.states[k].load_state_dict(s)

@@ -1,0 +1,172 @@
+"""1-bit Adam: Adam whose ranks exchange one bit per parameter per step once warmed up.
+
+    opt = pyring.optim.OneBitAdam(model.parameters(), lr=1e-3, freeze_step=100)
+    for x, y in data:                      # each rank its own shard; no DDP, no wrapper
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()                         # exchanges, then updates every parameter
+
+Until ``freeze_step`` steps have run, each step averages the gradients across ranks on
+``warmup_wire`` ("fp32" or "bf16") and runs Adam. From then on the second moment ``v`` stays
+frozen, each rank folds its own gradient into the momentum ``m``, and the ranks average ``m``
+on the one-bit wire with error feedback (pyring/compression.py), divided by Adam's frozen
+denominator while it travels (the same on every rank, so the average is unchanged, and the
+one-bit scale then matches the update rather than the raw momentum): the update is
+``lr * m_hat / (sqrt(v_hat) + eps)`` with the bias corrections of Adam (``v_hat``'s frozen
+with ``v``). Weight decay is Adam's L2 term, or AdamW's decoupled decay with
+``decoupled_weight_decay=True``. Once frozen, the denominator ``sqrt(v_hat)`` of each
+parameter group is floored at ``denominator_floor`` times its root mean square: an element
+that got no gradient during the warm-up (its variance froze at zero) would otherwise step by
+``lr * m / eps`` as soon as one arrives (DeepSpeed asks for a hand-made mask there).
+
+``state_dict()`` holds the step, ``m``, ``v`` and the one-bit residuals, so a job resumed from
+a checkpoint continues bit for bit as if it had never stopped. Every rank must hold the same
+parameters (shapes and order) and step together; parameters are float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .api import default
+from .compression import OneBitState, all_reduce_wire
+
+_WARMUP_WIRES = ("fp32", "bf16")
+
+
+class OneBitAdam(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100,
+                 comm: Any = None, decoupled_weight_decay: bool = False,
+                 warmup_wire: str = "fp32", denominator_floor: float = 0.01) -> None:
+        if not lr >= 0:
+            raise ValueError(f"OneBitAdam: lr must be >= 0, got {lr!r}")
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"OneBitAdam: betas must lie in [0, 1), got {betas!r}")
+        if not eps > 0 or not weight_decay >= 0:
+            raise ValueError(f"OneBitAdam: eps must be > 0 and weight_decay >= 0, got "
+                             f"{eps!r} and {weight_decay!r}")
+        if not isinstance(freeze_step, int) or freeze_step < 1:
+            raise ValueError(f"OneBitAdam: freeze_step must be an int >= 1 (Adam's variance "
+                             f"needs warm-up steps), got {freeze_step!r}")
+        if warmup_wire not in _WARMUP_WIRES:
+            raise ValueError(f"OneBitAdam: warmup_wire must be one of {_WARMUP_WIRES}, got "
+                             f"{warmup_wire!r}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.freeze_step = freeze_step
+        self.decoupled_weight_decay = bool(decoupled_weight_decay)
+        self.warmup_wire = warmup_wire
+        self.denominator_floor = float(denominator_floor)
+        self.comm = comm if comm is not None else default()
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise ValueError(f"OneBitAdam: parameter {i} is {p.dtype} on {p.device}; it "
+                                 f"takes float32 CPU parameters")
+        n = sum(p.numel() for p in self._params)
+        self.steps = 0
+        self.m = torch.zeros(n)
+        self.v = torch.zeros(n)
+        self.onebit = OneBitState()
+        self._grad = torch.zeros(n)
+
+    def _flat_grad(self) -> Any:
+        off = 0
+        for p in self._params:
+            k = p.numel()
+            if p.grad is None:
+                self._grad[off:off + k].zero_()
+            else:
+                self._grad[off:off + k].copy_(p.grad.reshape(-1))
+            off += k
+        return self._grad
+
+    def _per_group(self) -> list[tuple[dict, int, int]]:
+        """(group, first element, element count) of every group's slice of the flat state."""
+        out, off = [], 0
+        for g in self.param_groups:
+            k = sum(p.numel() for p in g["params"])
+            out.append((g, off, k))
+            off += k
+        return out
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        g = self._flat_grad()
+        self.steps += 1
+        frozen = self.steps > self.freeze_step
+        flat_p = torch.cat([p.detach().reshape(-1) for p in self._params])
+        for group, off, k in self._per_group():
+            wd = group["weight_decay"]
+            if wd and not self.decoupled_weight_decay:
+                g[off:off + k].add_(flat_p[off:off + k], alpha=wd)
+        if not frozen:
+            all_reduce_wire(self.comm, g, "avg", self.warmup_wire)
+        for group, off, k in self._per_group():
+            b1, b2 = group["betas"]
+            m = self.m[off:off + k]
+            m.mul_(b1).add_(g[off:off + k], alpha=1 - b1)
+            if not frozen:
+                self.v[off:off + k].mul_(b2).addcmul_(g[off:off + k], g[off:off + k],
+                                                      value=1 - b2)
+        v_steps = min(self.steps, self.freeze_step)
+        denom = torch.empty_like(self.v)
+        for group, off, k in self._per_group():
+            b2 = group["betas"][1]
+            d = denom[off:off + k]
+            torch.div(self.v[off:off + k], 1 - b2 ** v_steps, out=d).sqrt_()
+            if frozen and k:
+                # An element whose variance froze at (or near) zero would step by m / eps.
+                d.clamp_(min=self.denominator_floor * float(d.square().mean().sqrt()))
+            d.add_(group["eps"])
+        if frozen:
+            # Only the momentum travels, compressed; every rank ends with the same m. It
+            # travels divided by Adam's denominator, which is frozen and the same on every
+            # rank (so the average is unchanged): the one-bit scale then fits the update, and
+            # an element with a tiny variance cannot turn the chunk's scale into a huge step.
+            pre = self.m.div_(denom)
+            all_reduce_wire(self.comm, pre, "avg", "onebit", self.onebit)
+            self.m.mul_(denom)
+        for group, off, k in self._per_group():
+            b1 = group["betas"][0]
+            lr, wd = group["lr"], group["weight_decay"]
+            update = self.m[off:off + k] / (1 - b1 ** self.steps) / denom[off:off + k]
+            if wd and self.decoupled_weight_decay:
+                flat_p[off:off + k].mul_(1 - lr * wd)
+            flat_p[off:off + k].add_(update, alpha=-lr)
+        off = 0
+        for p in self._params:
+            k = p.numel()
+            p.copy_(flat_p[off:off + k].view_as(p))
+            off += k
+        return loss
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["onebit_adam"] = {"steps": self.steps, "m": self.m.clone(), "v": self.v.clone(),
+                             "residuals": self.onebit.state_dict(),
+                             "freeze_step": self.freeze_step}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        sd = dict(state_dict)
+        mine = sd.pop("onebit_adam", None)
+        if mine is None:
+            raise ValueError("OneBitAdam.load_state_dict: no 'onebit_adam' entry (not a "
+                             "OneBitAdam checkpoint)")
+        if mine["m"].numel() != self.m.numel():
+            raise ValueError(f"OneBitAdam.load_state_dict: the checkpoint has {mine['m'].numel()} "
+                             f"elements of state, these parameters {self.m.numel()}")
+        super().load_state_dict(sd)
+        self.steps = int(mine["steps"])
+        self.freeze_step = int(mine["freeze_step"])
+        self.m.copy_(mine["m"])
+        self.v.copy_(mine["v"])
+        self.onebit.load_state_dict(mine["residuals"])
