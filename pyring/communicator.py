@@ -34,7 +34,7 @@ class Communicator(PointToPoint):
         self.transports = transports
         #: The pyring.topology.Topology every rank agreed on at init.
         self.topology = topology
-        self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0))
+        self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0, 0))
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
