@@ -11,7 +11,9 @@ Methods, each from the same initial weights and batches per seed:
 - ``adamw_onebit``: the same with compression="onebit" (gradients, error feedback);
 - ``onebit_adam``: pyring.optim.OneBitAdam (decoupled weight decay), frozen after
   ``--freeze`` steps, and again with each of ``--freeze-sweep`` to show how far the byte
-  ratio goes while the loss holds.
+  ratio goes while the loss holds;
+- ``periodic``: AdamW on local gradients after ``--freeze`` synchronous warm-up steps, the
+  parameters averaged every ``--period`` steps on the bf16 wire (pyring.PeriodicAveraging).
 Bytes are what rank 0 received (Communicator.stats(): collectives' links, point-to-point
 links, single-copy reads). Targets (issue 12): OneBitAdam >= 10x fewer bytes and bf16 >= 1.9x,
 each with the final validation loss within the baseline's spread over seeds. Draws
@@ -64,6 +66,9 @@ def _optimizer(method: str, model: nn.Module, comm, args) -> torch.optim.Optimiz
                                        decoupled_weight_decay=True, freeze_step=freeze,
                                        comm=comm)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    if method == "periodic":
+        return pyring.PeriodicAveraging(opt, period=args.period, warmup_steps=args.freeze,
+                                        wire="bf16", comm=comm)
     compression = {"adamw_fp32": "none", "adamw_bf16": "bf16", "adamw_onebit": "onebit"}[method]
     return pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        comm=comm, compression=compression)
@@ -144,9 +149,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--freeze", type=int, default=20)
     ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
+    ap.add_argument("--period", type=int, default=8, help="periodic averaging's period")
     ap.add_argument("--out", default="bench/results/convergence_vm.json")
     args = ap.parse_args()
-    methods = ["adamw_fp32", "adamw_bf16", "adamw_onebit", "onebit_adam"]
+    methods = ["adamw_fp32", "adamw_bf16", "adamw_onebit", "onebit_adam", "periodic"]
     methods += [f"onebit_adam_{f}" for f in args.freeze_sweep.split(",") if f]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -189,6 +195,7 @@ def main() -> None:
     }
     result = {"machine": describe(), "command": " ".join(sys.argv), "task": "digits",
               "world": world, "steps": args.steps, "lr": args.lr, "freeze": args.freeze,
+              "period": args.period,
               "baseline_spread": [lo, hi], "summary": summary, "targets_met": targets,
               "runs": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -176,3 +176,40 @@ def test_distributed_optimizer_compression():
         for a, ref in zip(out["bf16"], out["none"]):
             assert abs(a - ref).max() < 2e-2
         assert len(out["states"]) > 1  # a residual state per bucket
+
+
+def _periodic(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store)
+    # period 1 with plain SGD is gradient averaging.
+    model, ref = _model(), _model()
+    opt = pyring.PeriodicAveraging(torch.optim.SGD(model.parameters(), lr=0.1), period=1,
+                                   comm=comm)
+    ref_opt = pyring.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.1), comm=comm)
+    _train(model, opt, rank, range(4))
+    _train(ref, ref_opt, rank, range(4))
+    same_as_sync = max(float((a - b).abs().max())
+                       for a, b in zip(model.parameters(), ref.parameters()))
+    # warm-up 2, then averages after steps 5 and 8 (bf16 deltas), Adam state averaged too.
+    model = _model()
+    opt = pyring.PeriodicAveraging(torch.optim.Adam(model.parameters(), lr=1e-2), period=3,
+                                   warmup_steps=2, average_state=True, wire="bf16", comm=comm)
+    snaps = []
+    for step in range(8):
+        _train(model, opt, rank, [step])
+        snaps.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
+    sd = opt.state_dict()
+    with pytest.raises(ValueError, match="wire must be one of"):
+        pyring.PeriodicAveraging(torch.optim.SGD(model.parameters(), lr=0.1), wire="onebit",
+                                 comm=comm)
+    comm.close()
+    return same_as_sync, snaps, sd["steps"]
+
+
+def test_periodic_averaging():
+    results = run_ranks(2, _periodic)
+    (d0, s0, n0), (d1, s1, n1) = results
+    assert d0 < 1e-6 and d1 < 1e-6, (d0, d1)
+    assert n0 == n1 == 8
+    for step in range(8):  # steps are 1-based: warm-up 1-2, averages after 5 and 8
+        same = (s0[step] == s1[step]).all()
+        assert same == (step + 1 in (1, 2, 5, 8)), step
