@@ -113,8 +113,7 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     world, rank = comm.world_size, comm.rank
     if world == 1:
         return tensor
-    flat = tensor.reshape(-1)
-    x = flat.to(torch.float32).contiguous()
+    x = tensor.reshape(-1).to(torch.float32).contiguous()  # may be tensor's own storage
     chunks = _chunks(x.numel(), world)
     own_off, own_n = chunks[rank]
     if wire == "onebit":
@@ -165,7 +164,8 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
             _decode_onebit(gathered, j * width, n, 1.0, False, x[off:off + n])
         else:
             x[off:off + n] = gathered[j * width:j * width + 2 * n].view(half).to(torch.float32)
-    flat.copy_(x)
+    if x.data_ptr() != tensor.data_ptr():
+        tensor.copy_(x.view(tensor.shape))
     return tensor
 
 

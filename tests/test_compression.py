@@ -47,6 +47,10 @@ def _wires(rank, world, store):
     no_zeros = received_bytes(comm.stats())
     out["onebit"] = (t.numpy(), bytes_per_call, err(total / t_steps), err(first / world),
                      no_zeros)
+    # A non-contiguous bfloat16 tensor is reduced in place.
+    m = torch.full((6, 4), float(rank + 1), dtype=torch.bfloat16).t()
+    comm.all_reduce(m, op="sum", wire="fp16")
+    out["strided"] = bool((m == sum(range(1, world + 1))).all())
     # Bad arguments, before anything travels.
     errors = []
     for call in (lambda: comm.all_reduce(torch.ones(4), op="max", wire="bf16"),
@@ -82,6 +86,7 @@ def test_wires():
         assert fp32_bytes / onebit_bytes >= 14, (fp32_bytes, onebit_bytes)
         # One call keeps signs and a scale only; error feedback brings the mean close.
         assert single > 0.5 and fed_back < 0.15, (single, fed_back)
+        assert out["strided"]
         assert len(errors) == 6
         assert "op 'sum' or 'avg'" in errors[0] and "floating" in errors[1]
         assert "OneBitState" in errors[2] and "int8" in errors[3]
