@@ -66,18 +66,19 @@ class Communicator(PointToPoint):
         ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
         rank must pass the same. ``wire`` 'fp16', 'bf16' or 'onebit' (with ``state``, a
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
-        'sum' or 'avg' of floating torch tensors, run synchronously."""
+        'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
+        hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
         if wire != "fp32":
             from .compression import all_reduce_wire, check_wire
 
             check_wire(wire, "all_reduce")
-            if async_op or algo is not None:
+            if async_op:
                 raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
-                                 f"schedule; async_op and algo do not apply")
+                                 f"schedule; async_op does not apply")
             if out is not None:
                 out.copy_(tensor)
                 tensor = out
-            all_reduce_wire(self, tensor, op, wire, state)
+            all_reduce_wire(self, tensor, op, wire, state, algo)
             return None
         code = op_code(op, "all_reduce")
         if algo is None:

@@ -69,7 +69,7 @@ class OneBitState:
         self.server = None if sd["server"] is None else sd["server"].clone()
 
 
-def _chunks(n: int, world: int) -> list[tuple[int, int]]:
+def split_chunks(n: int, world: int) -> list[tuple[int, int]]:
     base, extra = divmod(n, world)
     out, off = [], 0
     for j in range(world):
@@ -90,10 +90,46 @@ def _decode_onebit(enc: Any, at: int, n: int, alpha: float, accumulate: bool, ou
     _C.onebit_decode(enc.data_ptr() + at, n, alpha, accumulate, out.data_ptr())
 
 
+def encode(wire: str, x: Any, residual: Any = None) -> Any:
+    """``x`` (contiguous float32) compressed for ``wire`` as a uint8 tensor."""
+    import torch
+
+    if wire == "onebit":
+        buf = torch.empty(_C.onebit_max_bytes(x.numel()), dtype=torch.uint8)
+        return buf[:_encode_onebit(x, residual, buf, 0)]
+    return x.to(getattr(torch, _HALF[wire])).view(torch.uint8)
+
+
+def decode(wire: str, payload: Any, alpha: float, accumulate: bool, out: Any) -> None:
+    """out (contiguous float32) = alpha * decoded ``payload``, or += with ``accumulate``."""
+    import torch
+
+    if wire == "onebit":
+        _decode_onebit(payload, 0, out.numel(), alpha, accumulate, out)
+        return
+    v = payload.view(getattr(torch, _HALF[wire])).to(torch.float32)
+    if accumulate:
+        out.add_(v, alpha=alpha)
+    else:
+        torch.mul(v, alpha, out=out)
+
+
+def _tree_groups(comm: Any, algo: str | None) -> list | None:
+    """The top-level groups (hosts) when the exchange goes hierarchical, else None."""
+    if algo not in (None, "auto", "tree", "ring", "direct"):
+        raise ValueError(f"all_reduce: algo={algo!r} is not valid with a compressed wire "
+                         f"(valid: auto, tree, ring, direct)")
+    groups = [list(g) for g in comm.topology.groups[-1]]
+    several = len(groups) > 1 and max(len(g) for g in groups) > 1
+    return groups if several and algo in (None, "auto", "tree") else None
+
+
 def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
-                    state: OneBitState | None = None) -> Any:
+                    state: OneBitState | None = None, algo: str | None = None) -> Any:
     """Reduces ``tensor`` in place across ``comm``'s ranks on ``wire`` (see the module) and
-    returns it. ``state`` is required for (and only used by) the one-bit wire."""
+    returns it. ``state`` is required for (and only used by) the one-bit wire. ``algo``
+    'auto' (None) or 'tree' goes hierarchical when the topology has several hosts and some
+    host several ranks (pyring/_wire_tree.py); 'ring' and 'direct' keep the flat schedule."""
     import torch
 
     check_wire(wire, "all_reduce")
@@ -111,10 +147,18 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
         comm.all_reduce(tensor, op=op)
         return tensor
     world, rank = comm.world_size, comm.rank
+    groups = _tree_groups(comm, algo)
     if world == 1:
         return tensor
     x = tensor.reshape(-1).to(torch.float32).contiguous()  # may be tensor's own storage
-    chunks = _chunks(x.numel(), world)
+    if groups is not None:
+        from ._wire_tree import tree_all_reduce
+
+        tree_all_reduce(comm, x, op, wire, state, groups)
+        if x.data_ptr() != tensor.data_ptr():
+            tensor.copy_(x.view(tensor.shape))
+        return tensor
+    chunks = split_chunks(x.numel(), world)
     own_off, own_n = chunks[rank]
     if wire == "onebit":
         state._bind(x.numel(), own_n)

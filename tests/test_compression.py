@@ -218,3 +218,45 @@ def test_periodic_averaging():
     for step in range(8):  # steps are 1-based: warm-up 1-2, averages after 5 and 8
         same = (s0[step] == s1[step]).all()
         assert same == (step + 1 in (1, 2, 5, 8)), step
+
+
+def _tree(rank, world, store):
+    """Two hosts of two ranks by explicit topology: the members exchange in full precision
+    with their leader, only the leaders (0 and 2) exchange compressed."""
+    comm = pyring.init(rank=rank, world_size=world, store=store, topology="0,1;2,3")
+    n = 40_001
+    want = sum(_inputs(r)[:n] for r in range(world))
+    out = {}
+    for wire in ("bf16", "onebit"):
+        kw = {"state": pyring.OneBitState()} if wire == "onebit" else {}
+        t = _inputs(rank)[:n]
+        comm.reset_stats()
+        comm.all_reduce(t, op="sum", wire=wire, **kw)
+        s = comm.stats()["p2p"]
+        out[wire] = (t.numpy(), float((t - want).norm() / want.norm()),
+                     {p: v["bytes_sent"] for p, v in comm.stats()["links"].items()},
+                     s["bytes_sent"])
+    flat = _inputs(rank)[:n]
+    comm.all_reduce(flat, op="sum", wire="bf16", algo="ring")  # the flat schedule on request
+    out["flat"] = float((flat - want).norm() / want.norm())
+    comm.close()
+    return out
+
+
+def test_tree_schedule():
+    results = run_ranks(4, _tree)
+    zeros = torch.arange(40_001) % 7 == 0
+    n = 40_001
+    for rank, out in enumerate(results):
+        for wire, tol in (("bf16", 1e-2), ("onebit", 1.0)):
+            t, err, _, p2p_sent = out[wire]
+            assert (t == results[0][wire][0]).all(), (rank, wire)
+            assert (torch.from_numpy(t)[zeros] == 0).all()
+            assert err < tol, (wire, err)
+            if rank in (1, 3):  # a member sends its vector to its leader, framed, once
+                assert p2p_sent == 4 * n + 32, (wire, p2p_sent)
+        assert out["flat"] < 1e-2
+    # Beside the result for its member, a leader sends the other leader two compressed
+    # halves (signs and zero mask: a quarter byte per element), where float32 would be 4n.
+    across = results[0]["onebit"][3] - (4 * n + 32)
+    assert 0 < across < n / 2, across
