@@ -84,7 +84,8 @@ bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "pyring_bf16_com
 class OneBitHookState:
     """The state of :func:`onebit_hook`: the communicator (None: the default one, as for
     :func:`allreduce_hook`) and a :class:`pyring.GradientExchange` holding each bucket's
-    one-bit residuals, keyed by the bucket's index. ``state_dict()`` checkpoints them."""
+    one-bit residuals, keyed by the bucket's index and size (DDP rebuilds its buckets once,
+    after the first iteration). ``state_dict()`` checkpoints them."""
 
     def __init__(self, comm: Communicator | None = None) -> None:
         self.comm = comm
@@ -107,5 +108,6 @@ def onebit_hook(state: OneBitHookState, bucket):
                         f"pyring.hooks.OneBitHookState, got {type(state).__name__}")
     comm = _communicator(state.comm)
     buf = bucket.buffer()
-    state.exchange.average(comm, buf, bucket.index())
+    # DDP rebuilds its buckets after the first iteration: a bucket is its index and size.
+    state.exchange.average(comm, buf, (bucket.index(), buf.numel()))
     return _completed(buf)
