@@ -3,15 +3,15 @@ hosts (one rank each) joined by a shaped veth pair, against DDP on gloo with Ada
 
     python bench/slowlink.py [--rate 20mbit] [--steps 400] [--out PATH]   # as root
 
-Task and methods as bench/convergence.py (digits, seed 0), plus ``ddp_gloo_adamw``
-(DistributedDataParallel over gloo, AdamW) and ``local`` (AdamW with no exchange at all: the
-compute alone). Each method trains ``--steps`` steps of 32 per rank from the same weights and
-batches; the validation loss is taken every 20 steps with the clock stopped. Reported per
-method: the wall time of its steps, the validation loss curve against that time, and the
-time at which it first reaches ``target`` = ddp_gloo_adamw's final validation loss. The
-baseline's communicating fraction is 1 - local step time / its step time. Target (issue 12):
-OneBitAdam reaches the target at least 2x sooner than ddp_gloo_adamw. Needs root (network
-namespaces; pyring._emulate).
+Tasks (``--task``, bench/_tasks.py) and methods as bench/convergence.py (seed 0), plus
+``ddp_gloo_adamw`` (DistributedDataParallel over gloo, AdamW) and ``local`` (AdamW with no
+exchange at all: the compute alone). Each method trains ``--steps`` steps from the same
+weights and batches; the validation loss is taken every 20 steps with the clock stopped.
+Reported per method: the wall time of its steps, the validation loss curve against that
+time, and the time at which it first reaches ``target`` = ddp_gloo_adamw's final validation
+loss. The baseline's communicating fraction is 1 - local step time / its step time.
+Target (issue 12): OneBitAdam reaches the target at least 2x sooner than ddp_gloo_adamw.
+Needs root (network namespaces; pyring._emulate).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ METHODS = ["local", "ddp_gloo_adamw", "adamw_fp32", "adamw_bf16", "onebit_adam",
 def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from convergence import EVAL_EVERY, _data, _model, _optimizer
+    from _tasks import TASKS
+    from convergence import EVAL_EVERY, _optimizer
     from torch import nn
 
     import pyring
@@ -40,11 +41,10 @@ def _worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = pyring.init()
-    xt, yt, xv, yv = _data(0)
-    shard = torch.arange(rank, len(yt), world)
+    task = TASKS[args.task](0)
     out = {}
     for method in METHODS:
-        model = _model(0)
+        model = task.model()
         if method in ("local", "ddp_gloo_adamw"):
             net = model if method == "local" else nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
@@ -54,16 +54,14 @@ def _worker(args: argparse.Namespace) -> None:
         curve, clock = [], 0.0
         dist.barrier()
         for step in range(1, args.steps + 1):
-            idx = shard[torch.randint(0, len(shard), (32,), generator=g)]
+            batch = task.batch(rank, world, g)
             t0 = time.perf_counter()
             opt.zero_grad()
-            nn.functional.cross_entropy(net(xt[idx]), yt[idx]).backward()
+            task.loss(net, batch).backward()
             opt.step()
             clock += time.perf_counter() - t0
             if step % EVAL_EVERY == 0 or step == args.steps:
-                with torch.no_grad():
-                    loss = float(nn.functional.cross_entropy(model(xv), yv))
-                curve.append((step, clock, loss))
+                curve.append((step, clock, task.evaluate(model)[0]))
         # The slower rank's clock is the job's.
         t = torch.tensor([clock], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -76,6 +74,7 @@ def _worker(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="20mbit")
+    ap.add_argument("--task", choices=("digits", "charlm"), default="digits")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--freeze", type=int, default=20)
@@ -93,7 +92,8 @@ def main() -> None:
     ok, why = available(shaping=True)
     if not ok:
         sys.exit(f"slowlink: emulated hosts unavailable: {why}")
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(args.steps),
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--task", args.task,
+            "--steps", str(args.steps),
             "--lr", str(args.lr), "--freeze", str(args.freeze), "--period", str(args.period)]
     with EmulatedHosts(hosts=2, rate=args.rate) as hosts:
         results = hosts.run(1, argv, timeout=3600)
