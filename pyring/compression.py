@@ -79,35 +79,26 @@ def split_chunks(n: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def _encode_onebit(x: Any, residual: Any, out: Any, at: int) -> int:
-    """Encodes float32 ``x`` (contiguous) with ``residual`` into the uint8 ``out`` from byte
-    ``at``; returns the bytes written."""
-    return _C.onebit_encode(x.data_ptr(), residual.data_ptr() if residual is not None else 0,
-                            x.numel(), out.data_ptr() + at)
-
-
-def _decode_onebit(enc: Any, at: int, n: int, alpha: float, accumulate: bool, out: Any) -> None:
-    _C.onebit_decode(enc.data_ptr() + at, n, alpha, accumulate, out.data_ptr())
-
-
 def encode(wire: str, x: Any, residual: Any = None) -> Any:
     """``x`` (contiguous float32) compressed for ``wire`` as a uint8 tensor."""
     import torch
 
     if wire == "onebit":
         buf = torch.empty(_C.onebit_max_bytes(x.numel()), dtype=torch.uint8)
-        return buf[:_encode_onebit(x, residual, buf, 0)]
+        rp = residual.data_ptr() if residual is not None else 0
+        return buf[:_C.onebit_encode(x.data_ptr(), rp, x.numel(), buf.data_ptr())]
     return x.to(getattr(torch, _HALF[wire])).view(torch.uint8)
 
 
 def decode(wire: str, payload: Any, alpha: float, accumulate: bool, out: Any) -> None:
-    """out (contiguous float32) = alpha * decoded ``payload``, or += with ``accumulate``."""
+    """out (contiguous float32) = alpha * decoded ``payload``, or += with ``accumulate``;
+    ``payload`` may run on past the encoded bytes (padding)."""
     import torch
 
     if wire == "onebit":
-        _decode_onebit(payload, 0, out.numel(), alpha, accumulate, out)
+        _C.onebit_decode(payload.data_ptr(), out.numel(), alpha, accumulate, out.data_ptr())
         return
-    v = payload.view(getattr(torch, _HALF[wire])).to(torch.float32)
+    v = payload[:2 * out.numel()].view(getattr(torch, _HALF[wire])).to(torch.float32)
     if accumulate:
         out.add_(v, alpha=alpha)
     else:
@@ -146,35 +137,37 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     if wire == "fp32":
         comm.all_reduce(tensor, op=op)
         return tensor
-    world, rank = comm.world_size, comm.rank
     groups = _tree_groups(comm, algo)
-    if world == 1:
+    if comm.world_size == 1:
         return tensor
     x = tensor.reshape(-1).to(torch.float32).contiguous()  # may be tensor's own storage
     if groups is not None:
         from ._wire_tree import tree_all_reduce
 
         tree_all_reduce(comm, x, op, wire, state, groups)
-        if x.data_ptr() != tensor.data_ptr():
-            tensor.copy_(x.view(tensor.shape))
-        return tensor
+    else:
+        _flat_all_reduce(comm, x, op, wire, state)
+    if x.data_ptr() != tensor.data_ptr():
+        tensor.copy_(x.view(tensor.shape))
+    return tensor
+
+
+def _flat_all_reduce(comm: Any, x: Any, op: str, wire: str, state: OneBitState | None) -> None:
+    """The flat schedule of the module docstring on the contiguous float32 ``x``, in place."""
+    import torch
+
+    world, rank = comm.world_size, comm.rank
     chunks = split_chunks(x.numel(), world)
-    own_off, own_n = chunks[rank]
+    own_n = chunks[rank][1]
     if wire == "onebit":
         state._bind(x.numel(), own_n)
-        send = torch.empty(sum(_C.onebit_max_bytes(n) for _, n in chunks), dtype=torch.uint8)
-        sizes, at = [], 0
-        for off, n in chunks:
-            sizes.append(_encode_onebit(x[off:off + n], state.worker[off:off + n], send, at))
-            at += sizes[-1]
-        send = send[:at]
+        parts = [encode(wire, x[off:off + n], state.worker[off:off + n]) for off, n in chunks]
+        send, sizes = torch.cat(parts), [p.numel() for p in parts]
         got = torch.empty(world, dtype=torch.int64)
         comm.all_to_all_single(got, torch.tensor(sizes, dtype=torch.int64))
         recv_sizes = got.tolist()
     else:
-        half = getattr(torch, _HALF[wire])
-        send = x.to(half).view(torch.uint8)
-        sizes = [2 * n for _, n in chunks]
+        send, sizes = encode(wire, x), [2 * n for _, n in chunks]
         recv_sizes = [2 * own_n] * world
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8)
     comm.all_to_all_single(recv, send, recv_sizes, sizes)
@@ -182,35 +175,23 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     acc = torch.zeros(own_n, dtype=torch.float32)
     alpha = 1.0 / world if op == "avg" else 1.0
     at = 0
-    for j in range(world):
-        if wire == "onebit":
-            _decode_onebit(recv, at, own_n, alpha, True, acc)
-        else:
-            acc.add_(recv[at:at + recv_sizes[j]].view(half).to(torch.float32), alpha=alpha)
-        at += recv_sizes[j]
+    for size in recv_sizes:
+        decode(wire, recv[at:at + size], alpha, True, acc)
+        at += size
+    mine = encode(wire, acc, state.server if wire == "onebit" else None)
     if wire == "onebit":
-        mine = torch.empty(_C.onebit_max_bytes(own_n), dtype=torch.uint8)
-        mine = mine[:_encode_onebit(acc, state.server, mine, 0)]
         lens = torch.empty(world, dtype=torch.int64)
         comm.all_gather_into_tensor(lens, torch.tensor([mine.numel()], dtype=torch.int64))
-        lens_l = lens.tolist()
+        width = int(lens.max())
     else:
-        mine = acc.to(half).view(torch.uint8)
-        lens_l = [2 * n for _, n in chunks]
+        width = 2 * max(n for _, n in chunks)
     # all-gather needs equal blocks: every rank pads to the longest.
-    width = max(lens_l)
     block = torch.zeros(width, dtype=torch.uint8)
     block[:mine.numel()] = mine
     gathered = torch.empty(world * width, dtype=torch.uint8)
     comm.all_gather_into_tensor(gathered, block)
     for j, (off, n) in enumerate(chunks):
-        if wire == "onebit":
-            _decode_onebit(gathered, j * width, n, 1.0, False, x[off:off + n])
-        else:
-            x[off:off + n] = gathered[j * width:j * width + 2 * n].view(half).to(torch.float32)
-    if x.data_ptr() != tensor.data_ptr():
-        tensor.copy_(x.view(tensor.shape))
-    return tensor
+        decode(wire, gathered[j * width:(j + 1) * width], 1.0, False, x[off:off + n])
 
 
 def received_bytes(stats: dict) -> int:
