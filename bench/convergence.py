@@ -10,8 +10,8 @@ Methods, each from the same initial weights and batches per seed:
 - ``adamw_bf16``: the same with compression="bf16";
 - ``adamw_onebit``: the same with compression="onebit" (gradients, error feedback);
 - ``onebit_adam``: pyring.optim.OneBitAdam (decoupled weight decay), frozen after
-  ``--freeze`` steps, and again with each of ``--freeze-sweep`` to show how far the byte
-  ratio goes while the loss holds;
+  ``--freeze`` steps (averaging gradients on ``--warmup-wire`` until then), and again with
+  each of ``--freeze-sweep`` to show how far the byte ratio goes while the loss holds;
 - ``periodic``: AdamW on local gradients after ``--freeze`` synchronous warm-up steps, the
   parameters averaged every ``--period`` steps on the bf16 wire (pyring.PeriodicAveraging).
 Bytes are what rank 0 received (Communicator.stats(): collectives' links, point-to-point
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import socket
 import statistics
@@ -49,7 +50,8 @@ def _optimizer(method: str, model: nn.Module, comm, args) -> torch.optim.Optimiz
         freeze = int(method.rsplit("_", 1)[1]) if method != "onebit_adam" else args.freeze
         return pyring.optim.OneBitAdam(model.parameters(), lr=args.lr, weight_decay=1e-4,
                                        decoupled_weight_decay=True, freeze_step=freeze,
-                                       comm=comm)
+                                       warmup_wire=args.warmup_wire, comm=comm,
+                                       denominator_floor=args.denominator_floor)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     if method == "periodic":
         return pyring.PeriodicAveraging(opt, period=args.period, warmup_steps=args.freeze,
@@ -57,6 +59,13 @@ def _optimizer(method: str, model: nn.Module, comm, args) -> torch.optim.Optimiz
     compression = {"adamw_fp32": "none", "adamw_bf16": "bf16", "adamw_onebit": "onebit"}[method]
     return pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        comm=comm, compression=compression)
+
+
+def _lr(args, step: int) -> float:
+    """The learning rate of ``step`` (1-based): constant, or a cosine from --lr to 0."""
+    if args.schedule == "constant":
+        return args.lr
+    return 0.5 * args.lr * (1 + math.cos(math.pi * (step - 1) / args.steps))
 
 
 def _run(method: str, seed: int, rank: int, world: int, comm, args) -> dict:
@@ -70,6 +79,8 @@ def _run(method: str, seed: int, rank: int, world: int, comm, args) -> dict:
     comm.reset_stats()
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = _lr(args, step)
         batch = task.batch(rank, world, g)
         opt.zero_grad()
         task.loss(model, batch).backward()
@@ -129,8 +140,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                    help="the learning rate over the run, the same for every method")
     ap.add_argument("--freeze", type=int, default=20)
     ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
+    ap.add_argument("--warmup-wire", choices=("fp32", "bf16"), default="fp32",
+                    help="the wire of OneBitAdam's gradients before the freeze")
+    ap.add_argument("--denominator-floor", type=float, default=0.01,
+                    help="OneBitAdam's floor on its frozen denominators (its default: 0.01)")
     ap.add_argument("--period", type=int, default=8, help="periodic averaging's period")
     ap.add_argument("--out", default="bench/results/convergence_vm.json")
     args = ap.parse_args()
@@ -180,6 +197,8 @@ def main() -> None:
     }
     result = {"machine": describe(), "command": " ".join(sys.argv), "task": args.task,
               "world": world, "steps": args.steps, "lr": args.lr, "freeze": args.freeze,
+              "warmup_wire": args.warmup_wire, "schedule": args.schedule,
+              "denominator_floor": args.denominator_floor,
               "period": args.period,
               "baseline_spread": [lo, hi], "summary": summary, "targets_met": targets,
               "runs": rows}

@@ -56,27 +56,26 @@ def tree_all_reduce(comm: Any, x: Any, op: str, wire: str, state: OneBitState | 
     me = leaders.index(rank)
     chunks = split_chunks(x.numel(), len(leaders))
     own_off, own_n = chunks[me]
-    if wire == "onebit":
-        state._bind(x.numel(), own_n)
+    mc = state._bind(x.numel(), chunks, me) if wire == "onebit" else None
     works: list = []
     payloads = []
     for j, (off, n) in enumerate(chunks):
-        residual = state.worker[off:off + n] if wire == "onebit" else None
-        payloads.append(encode(wire, x[off:off + n], residual))
+        residual = state.worker[off:off + n] if mc else None
+        payloads.append(encode(wire, x[off:off + n], residual, mc and mc.enc[j]))
         if j != me:
             _send_payload(comm, payloads[j], leaders[j], works)
     acc = torch.zeros(own_n, dtype=torch.float32)
     alpha = 1.0 / comm.world_size if op == "avg" else 1.0
     for j, peer in enumerate(leaders):
         got = payloads[me] if j == me else _recv_payload(comm, peer)
-        decode(wire, got, alpha, True, acc)
-    mine = encode(wire, acc, state.server if wire == "onebit" else None)
+        decode(wire, got, alpha, True, acc, mc and mc.recv[j])
+    mine = encode(wire, acc, state.server if mc else None, mc and mc.server)
     for j, peer in enumerate(leaders):
         if j != me:
             _send_payload(comm, mine, peer, works)
     for j, (off, n) in enumerate(chunks):
         decode(wire, mine if j == me else _recv_payload(comm, leaders[j]), 1.0, False,
-               x[off:off + n])
+               x[off:off + n], mc and mc.gather[j])
     for w in works:
         w.wait()
     for r in host[1:]:

@@ -42,16 +42,21 @@ def check_wire(wire: Any, where: str) -> str:
 class OneBitState:
     """The error-feedback residuals of one bucket on the one-bit wire: ``worker`` (what this
     rank's compression of its whole tensor dropped) and ``server`` (what compressing the
-    average of the chunk it owns dropped). Both start at zero on first use; a state serves
-    one tensor size on one world, and refuses any other."""
+    average of the chunk it owns dropped), and ``masks``, the zero-mask caches of the streams
+    this rank encodes and decodes. All start at zero on first use; a state serves one tensor
+    size on one world, and refuses any other. Every rank must save and restore its state
+    together: a mask cache restored from another step is refused on the next call."""
 
     def __init__(self) -> None:
         self.worker: Any = None
         self.server: Any = None
+        self.masks: Any = None
 
-    def _bind(self, n: int, own: int) -> None:
+    def _bind(self, n: int, chunks: list[tuple[int, int]], me: int) -> _MaskCaches:
         import torch
 
+        own = chunks[me][1]
+        caches = _MaskCaches(chunks, own)
         if self.worker is None:
             self.worker = torch.zeros(n, dtype=torch.float32)
             self.server = torch.zeros(own, dtype=torch.float32)
@@ -59,14 +64,43 @@ class OneBitState:
             raise ValueError(f"OneBitState holds residuals for {self.worker.numel()} elements "
                              f"(server chunk {self.server.numel()}), this tensor has {n} "
                              f"(chunk {own}): use one state per bucket")
+        if self.masks is None:
+            self.masks = torch.zeros(caches.total, dtype=torch.uint8)
+        elif self.masks.numel() != caches.total:
+            raise ValueError(f"OneBitState holds {self.masks.numel()} bytes of mask caches, "
+                             f"this tensor on this world needs {caches.total}")
+        caches.split(self.masks)
+        return caches
 
     def state_dict(self) -> dict:
-        return {"worker": None if self.worker is None else self.worker.clone(),
-                "server": None if self.server is None else self.server.clone()}
+        return {k: None if getattr(self, k) is None else getattr(self, k).clone()
+                for k in ("worker", "server", "masks")}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.worker = None if sd["worker"] is None else sd["worker"].clone()
-        self.server = None if sd["server"] is None else sd["server"].clone()
+        for k in ("worker", "server", "masks"):
+            v = sd.get(k)  # states saved before the mask caches have none: they start empty
+            setattr(self, k, None if v is None else v.clone())
+
+
+class _MaskCaches:
+    """Views into OneBitState.masks, one cache per stream of the schedule: ``enc[j]`` (this
+    rank's chunk j to its owner), ``recv[i]`` (rank i's copy of the chunk this rank owns),
+    ``server`` (the owned chunk's average to every rank) and ``gather[j]`` (owner j's average)."""
+
+    def __init__(self, chunks: list[tuple[int, int]], own: int) -> None:
+        self.sizes = ([n for _, n in chunks] + [own] * len(chunks) + [own]
+                      + [n for _, n in chunks])
+        self.total = sum(_C.onebit_cache_bytes(n) for n in self.sizes)
+
+    def split(self, masks: Any) -> None:
+        views, at = [], 0
+        for n in self.sizes:
+            b = _C.onebit_cache_bytes(n)
+            views.append(masks[at:at + b])
+            at += b
+        w = (len(self.sizes) - 1) // 3
+        self.enc, self.recv = views[:w], views[w:2 * w]
+        self.server, self.gather = views[2 * w], views[2 * w + 1:]
 
 
 def split_chunks(n: int, world: int) -> list[tuple[int, int]]:
@@ -79,24 +113,33 @@ def split_chunks(n: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def encode(wire: str, x: Any, residual: Any = None) -> Any:
-    """``x`` (contiguous float32) compressed for ``wire`` as a uint8 tensor."""
+def _ptr(t: Any) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def encode(wire: str, x: Any, residual: Any = None, cache: Any = None) -> Any:
+    """``x`` (contiguous float32) compressed for ``wire`` as a uint8 tensor; one-bit takes the
+    residual and the stream's encoder-side mask cache (None: none)."""
     import torch
 
     if wire == "onebit":
         buf = torch.empty(_C.onebit_max_bytes(x.numel()), dtype=torch.uint8)
-        rp = residual.data_ptr() if residual is not None else 0
-        return buf[:_C.onebit_encode(x.data_ptr(), rp, x.numel(), buf.data_ptr())]
+        size = _C.onebit_encode(x.data_ptr(), _ptr(residual), x.numel(), buf.data_ptr(),
+                                _ptr(cache))
+        return buf[:size]
     return x.to(getattr(torch, _HALF[wire])).view(torch.uint8)
 
 
-def decode(wire: str, payload: Any, alpha: float, accumulate: bool, out: Any) -> None:
+def decode(wire: str, payload: Any, alpha: float, accumulate: bool, out: Any,
+           cache: Any = None) -> None:
     """out (contiguous float32) = alpha * decoded ``payload``, or += with ``accumulate``;
-    ``payload`` may run on past the encoded bytes (padding)."""
+    ``payload`` may run on past the encoded bytes (padding). One-bit takes the stream's
+    decoder-side mask cache (None: none)."""
     import torch
 
     if wire == "onebit":
-        _C.onebit_decode(payload.data_ptr(), out.numel(), alpha, accumulate, out.data_ptr())
+        _C.onebit_decode(payload.data_ptr(), out.numel(), alpha, accumulate, out.data_ptr(),
+                         _ptr(cache))
         return
     v = payload[:2 * out.numel()].view(getattr(torch, _HALF[wire])).to(torch.float32)
     if accumulate:
@@ -159,9 +202,10 @@ def _flat_all_reduce(comm: Any, x: Any, op: str, wire: str, state: OneBitState |
     world, rank = comm.world_size, comm.rank
     chunks = split_chunks(x.numel(), world)
     own_n = chunks[rank][1]
+    mc = state._bind(x.numel(), chunks, rank) if wire == "onebit" else None
     if wire == "onebit":
-        state._bind(x.numel(), own_n)
-        parts = [encode(wire, x[off:off + n], state.worker[off:off + n]) for off, n in chunks]
+        parts = [encode(wire, x[off:off + n], state.worker[off:off + n], mc.enc[j])
+                 for j, (off, n) in enumerate(chunks)]
         send, sizes = torch.cat(parts), [p.numel() for p in parts]
         got = torch.empty(world, dtype=torch.int64)
         comm.all_to_all_single(got, torch.tensor(sizes, dtype=torch.int64))
@@ -175,10 +219,10 @@ def _flat_all_reduce(comm: Any, x: Any, op: str, wire: str, state: OneBitState |
     acc = torch.zeros(own_n, dtype=torch.float32)
     alpha = 1.0 / world if op == "avg" else 1.0
     at = 0
-    for size in recv_sizes:
-        decode(wire, recv[at:at + size], alpha, True, acc)
+    for i, size in enumerate(recv_sizes):
+        decode(wire, recv[at:at + size], alpha, True, acc, mc and mc.recv[i])
         at += size
-    mine = encode(wire, acc, state.server if wire == "onebit" else None)
+    mine = encode(wire, acc, state.server if mc else None, mc and mc.server)
     if wire == "onebit":
         lens = torch.empty(world, dtype=torch.int64)
         comm.all_gather_into_tensor(lens, torch.tensor([mine.numel()], dtype=torch.int64))
@@ -191,7 +235,8 @@ def _flat_all_reduce(comm: Any, x: Any, op: str, wire: str, state: OneBitState |
     gathered = torch.empty(world * width, dtype=torch.uint8)
     comm.all_gather_into_tensor(gathered, block)
     for j, (off, n) in enumerate(chunks):
-        decode(wire, gathered[j * width:(j + 1) * width], 1.0, False, x[off:off + n])
+        decode(wire, gathered[j * width:(j + 1) * width], 1.0, False, x[off:off + n],
+               mc and mc.gather[j])
 
 
 def received_bytes(stats: dict) -> int:

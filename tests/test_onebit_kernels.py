@@ -5,20 +5,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pyring
 from pyring import _C
 
+HEADER = 16
 
-def _encode(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+
+def _ptr(a: np.ndarray | None) -> int:
+    return 0 if a is None else a.ctypes.data
+
+
+def _encode(x: np.ndarray, residual: np.ndarray | None, cache: np.ndarray | None = None):
     out = np.zeros(_C.onebit_max_bytes(x.size), np.uint8)
-    n = _C.onebit_encode(x.ctypes.data, 0 if residual is None else residual.ctypes.data, x.size,
-                         out.ctypes.data)
+    n = _C.onebit_encode(x.ctypes.data, _ptr(residual), x.size, out.ctypes.data, _ptr(cache))
     return out[:n]
 
 
-def _decode(enc: np.ndarray, n: int, alpha: float = 1.0, out: np.ndarray | None = None):
+def _decode(enc: np.ndarray, n: int, alpha: float = 1.0, out: np.ndarray | None = None,
+            cache: np.ndarray | None = None):
     acc = out is not None
     out = np.zeros(n, np.float32) if out is None else out
-    _C.onebit_decode(enc.ctypes.data, n, alpha, acc, out.ctypes.data)
+    _C.onebit_decode(enc.ctypes.data, n, alpha, acc, out.ctypes.data, _ptr(cache))
     return out
 
 
@@ -37,7 +44,7 @@ def test_encode_decode_match_reference(n, feedback):
     v = x + res if feedback else x.copy()
     want, scale = _reference(v)
     enc = _encode(x, res)
-    assert enc.size == 8 + (n + 7) // 8  # no exact zero: signs only
+    assert enc.size == HEADER + (n + 7) // 8  # no exact zero: signs only
     got = _decode(enc, n)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     if feedback:
@@ -52,7 +59,7 @@ def test_exact_zeros_stay_zero_without_a_mask_from_the_user():
     res = np.zeros_like(x)
     for step in range(5):  # error feedback never leaks into the zeros
         enc = _encode(x, res)
-        assert enc.size == 8 + 2 * 2  # signs and the zero mask
+        assert enc.size == HEADER + 2 * 2  # signs and the zero mask
         got = _decode(enc, x.size)
         assert (got[x == 0] == 0).all() and (res[x == 0] == 0).all()
         if step == 0:
@@ -82,3 +89,43 @@ def test_error_feedback_loses_nothing():
     np.testing.assert_allclose(sent + res, 200.0 * g, atol=1e-2)
     # The average sent per round approaches g.
     assert np.abs(sent / 200 - g).mean() < 0.05
+
+
+def test_mask_cache_sends_an_unchanged_mask_once():
+    rng = np.random.default_rng(1)
+    n = 1001
+    zero = rng.random(n) < 0.3
+    enc_cache = np.zeros(_C.onebit_cache_bytes(n), np.uint8)
+    dec_cache = np.zeros_like(enc_cache)
+    sizes = []
+    for step in range(5):
+        x = np.where(zero, 0, rng.standard_normal(n)).astype(np.float32)
+        if step == 2:  # another mask for one step: it travels, and so does the first after it
+            x[~zero] = np.where(rng.random((~zero).sum()) < 0.5, 0, x[~zero])
+        enc = _encode(x, None, enc_cache)
+        sizes.append(enc.size)
+        # Decoded through the caches exactly as without them.
+        np.testing.assert_array_equal(_decode(enc, n, cache=dec_cache), _reference(x)[0])
+    signs = HEADER + (n + 7) // 8
+    full = signs + (n + 7) // 8
+    assert sizes == [full, signs, full, full, signs], sizes
+
+
+def test_mask_cache_out_of_step_is_refused():
+    x = np.array([0.0, 1.0, -2.0, 0.0, 3.0], np.float32)
+    enc_cache = np.zeros(_C.onebit_cache_bytes(x.size), np.uint8)
+    _encode(x, None, enc_cache)
+    cached = _encode(x, None, enc_cache)
+    assert cached.size == HEADER + 1
+    with pytest.raises(pyring.CommError, match="never received"):
+        _decode(cached, x.size, cache=np.zeros_like(enc_cache))
+    with pytest.raises(pyring.CommError, match="never received"):
+        _decode(cached, x.size)  # a decoder with no cache at all
+    other = np.zeros_like(enc_cache)
+    _decode(_encode(np.array([1.0, 0, 0, 0, 1.0], np.float32), None), x.size, cache=other)
+    _decode(_encode(np.array([1.0, 0, 0, 0, 1.0], np.float32), None, other.copy()), x.size,
+            cache=other)
+    with pytest.raises(pyring.CommError, match="does not hold"):
+        _decode(cached, x.size, cache=other)
+    with pytest.raises(pyring.CommError, match="holds 5 values, the decoder expects 6"):
+        _decode(_encode(x, None), 6)

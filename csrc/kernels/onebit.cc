@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/errors.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -42,8 +44,31 @@ constexpr size_t kBlock = 4096;  // values per sweep: 16 KiB of float32 stays in
 size_t onebit_bytes(const uint8_t* encoded, size_t n) {
   OnebitHeader h;
   std::memcpy(&h, encoded, sizeof(h));
-  return sizeof(OnebitHeader) + (h.has_zeros ? 2 : 1) * ((n + 7) / 8);
+  return sizeof(OnebitHeader) + (h.zeros == kMaskFollows ? 2 : 1) * ((n + 7) / 8);
 }
+
+uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes) {
+  // FNV-1a over 8-byte words, then the tail; folded to 32 bits.
+  uint64_t h = 1469598103934665603ull;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, mask + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < bytes; ++i) h = (h ^ mask[i]) * 1099511628211ull;
+  h ^= bytes;
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+namespace {
+
+struct CacheHead {
+  uint32_t valid;
+  uint32_t hash;
+};
+
+}  // namespace
 
 #if defined(__SSE2__)
 namespace {
@@ -77,7 +102,7 @@ inline __m128 decode4(__m128 v, __m128 scale) {
 }  // namespace
 #endif
 
-size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
+size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
   // Sweep 1, block by block: v = in + residual (kept in residual), sum of squares, zeros.
   double sumsq = 0.0;
   size_t zeros = 0;
@@ -114,8 +139,7 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
   const float* v = residual ? residual : in;
   const size_t nonzero = n - zeros;
   const float scale = nonzero ? static_cast<float>(std::sqrt(sumsq / double(nonzero))) : 0.0f;
-  OnebitHeader h{scale, zeros ? 1u : 0u};
-  std::memcpy(out, &h, sizeof(h));
+  OnebitHeader h{scale, zeros ? kMaskFollows : kNoZeros, 0u, static_cast<uint32_t>(n)};
   uint8_t* signs = out + sizeof(OnebitHeader);
   uint8_t* mask = signs + (n + 7) / 8;
   // Sweep 2: sign pack, zero mask and new residual = v - decode(v).
@@ -155,14 +179,55 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out) {
       }
     }
   }
+  const size_t mask_bytes = (n + 7) / 8;
+  if (zeros) {
+    CacheHead c{0, 0};
+    if (cache) std::memcpy(&c, cache, sizeof(c));
+    uint8_t* cached = cache ? cache + sizeof(CacheHead) : nullptr;
+    if (c.valid && std::memcmp(cached, mask, mask_bytes) == 0) {
+      h.zeros = kMaskCached;
+      h.mask_hash = c.hash;
+    } else {
+      h.mask_hash = onebit_mask_hash(mask, mask_bytes);
+      if (cache) {
+        std::memcpy(cached, mask, mask_bytes);
+        c = {1u, h.mask_hash};
+        std::memcpy(cache, &c, sizeof(c));
+      }
+    }
+  }
+  std::memcpy(out, &h, sizeof(h));
   return onebit_bytes(out, n);
 }
 
-void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out) {
+void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out,
+                   uint8_t* cache) {
   OnebitHeader h;
   std::memcpy(&h, encoded, sizeof(h));
+  PYRING_CHECK(h.count == static_cast<uint32_t>(n), CommError, "one-bit segment holds ", h.count,
+               " values, the decoder expects ", n);
+  PYRING_CHECK(h.zeros <= kMaskCached, CommError, "one-bit segment: unknown zero-mask mode ",
+               h.zeros);
   const uint8_t* signs = encoded + sizeof(OnebitHeader);
-  const uint8_t* mask = h.has_zeros ? signs + (n + 7) / 8 : nullptr;
+  const size_t mask_bytes = (n + 7) / 8;
+  const uint8_t* mask = nullptr;
+  if (h.zeros == kMaskFollows) {
+    mask = signs + mask_bytes;
+    if (cache) {
+      std::memcpy(cache + sizeof(CacheHead), mask, mask_bytes);
+      const CacheHead c{1u, h.mask_hash};
+      std::memcpy(cache, &c, sizeof(c));
+    }
+  } else if (h.zeros == kMaskCached) {
+    CacheHead c{0, 0};
+    if (cache) std::memcpy(&c, cache, sizeof(c));
+    PYRING_CHECK(c.valid && c.hash == h.mask_hash, CommError,
+                 "one-bit segment names a cached zero mask (hash ", h.mask_hash,
+                 ") that this decoder ", c.valid ? "does not hold" : "never received",
+                 ": the two sides' mask caches are out of step (one side's state was reset "
+                 "or restored from another step)");
+    mask = cache + sizeof(CacheHead);
+  }
   const float pos = alpha * h.scale;
   size_t j = 0;
 #if defined(__SSE2__)

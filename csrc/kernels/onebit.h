@@ -2,12 +2,19 @@
 // counts, so that device versions can sit beside them.
 //
 // One segment of n float32 values travels as a OnebitHeader, then ceil(n/8) bytes of signs
-// (bit i%8 of byte i/8 is set when value i is negative), then, only when some value is exactly
-// zero, ceil(n/8) bytes of a zero mask (bit set: the value is zero). A value decodes to
-// +scale or -scale, or to exactly 0 under the mask, so an element that is zero on every rank
-// with zero residuals stays exactly zero without a user-made mask; the mask costs a second
-// bit per element only in segments that hold an exact zero. scale is the root mean square of
-// the segment's non-zero values, so the decoded segment keeps the input's L2 norm.
+// (bit i%8 of byte i/8 is set when value i is negative), then, only when the header says
+// kMaskFollows, ceil(n/8) bytes of a zero mask (bit set: the value is exactly zero). A value
+// decodes to +scale or -scale, or to exactly 0 under the mask, so an element that is zero on
+// every rank with zero residuals stays exactly zero without a user-made mask. scale is the
+// root mean square of the segment's non-zero values, so the decoded segment keeps the input's
+// L2 norm.
+//
+// Mask caches: a stream of segments between one encoder and one decoder may keep the last
+// mask on both sides (a buffer of onebit_cache_bytes(n) each, zeroed before first use). A
+// segment whose mask equals the cached one then travels as kMaskCached, with no mask bytes:
+// structural zeros (frozen or padded parameters, inputs that are always zero) cost nothing
+// after the first round. The header carries the mask's hash, and the decoder refuses a
+// segment whose hash differs from its cache's (the two sides fell out of step).
 #pragma once
 
 #include <cstddef>
@@ -15,26 +22,45 @@
 
 namespace pyring {
 
+enum OnebitZeros : uint32_t {
+  kNoZeros = 0,      // no value is exactly zero: no mask
+  kMaskFollows = 1,  // the mask follows the signs
+  kMaskCached = 2,   // the mask is the decoder's cached one
+};
+
 struct OnebitHeader {
   float scale;
-  uint32_t has_zeros;  // 1 when the zero mask follows the signs
+  uint32_t zeros;      // an OnebitZeros
+  uint32_t mask_hash;  // onebit_mask_hash of the mask; 0 with kNoZeros
+  uint32_t count;      // n mod 2^32: the decoder checks it against its own n
 };
-static_assert(sizeof(OnebitHeader) == 8, "OnebitHeader is part of the wire format");
+static_assert(sizeof(OnebitHeader) == 16, "OnebitHeader is part of the wire format");
 
 // The most bytes a segment of n values takes (with a zero mask).
 inline size_t onebit_max_bytes(size_t n) {
   return sizeof(OnebitHeader) + 2 * ((n + 7) / 8);
 }
+// The bytes of a mask cache for segments of n values: {uint32 valid, uint32 hash, mask}.
+inline size_t onebit_cache_bytes(size_t n) {
+  return 2 * sizeof(uint32_t) + (n + 7) / 8;
+}
 // The bytes the segment at `encoded` takes, read from its header.
 size_t onebit_bytes(const uint8_t* encoded, size_t n);
 
+uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes);
+
 // Encodes v = in + residual (residual may be null: no error feedback) into `out` (at least
 // onebit_max_bytes(n)) and, when residual is set, stores the new residual v - decode(v) in it.
-// One fused sweep per cache-sized block: residual add and sum of squares, then sign pack,
-// zero mask and new residual. Returns the bytes written.
-size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out);
+// `cache` (null: none) is this stream's encoder-side mask cache. One fused sweep per
+// cache-sized block: residual add and sum of squares, then sign pack, zero mask and new
+// residual. Returns the bytes written.
+size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
+                     uint8_t* cache = nullptr);
 
-// out[i] = alpha * decode(i), or out[i] += alpha * decode(i) when `accumulate`.
-void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out);
+// out[i] = alpha * decode(i), or out[i] += alpha * decode(i) when `accumulate`. `cache` (null:
+// none) is this stream's decoder-side mask cache. Throws CommError, before writing to out, when
+// the segment's count is not n, or it names a cached mask that `cache` does not hold.
+void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out,
+                   uint8_t* cache = nullptr);
 
 }  // namespace pyring
