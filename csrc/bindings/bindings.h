@@ -18,6 +18,7 @@ void register_transport(py::module_& m);
 void register_communicator(py::module_& m);
 void register_device(py::module_& m);
 void register_kernels(py::module_& m);
+void register_cuda(py::module_& m);
 
 // Destroying a communicator joins its progress and callback threads, and a callback may be
 // waiting for the GIL: the GIL is released for the destruction.

@@ -1,6 +1,6 @@
 // Maps the C++ error types to Python: Error -> pyring.Error, CommError -> pyring.CommError,
-// TimeoutError -> pyring.CommTimeout (also a builtin TimeoutError), InvalidArgument ->
-// ValueError, TypeMismatch -> TypeError.
+// TimeoutError -> pyring.CommTimeout (also a builtin TimeoutError), CudaError ->
+// pyring.CudaError, InvalidArgument -> ValueError, TypeMismatch -> TypeError.
 #include "bindings/bindings.h"
 #include "core/errors.h"
 
@@ -10,6 +10,7 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_comm_error = nullptr;
 PyObject* g_timeout = nullptr;
+PyObject* g_cuda_error = nullptr;
 
 // Calls `set(type, message)` for the Python type matching the C++ exception in flight.
 template <class F>
@@ -20,6 +21,8 @@ void classify(std::exception_ptr p, F&& set) {
     set(g_timeout, e.what());
   } catch (const CommError& e) {
     set(g_comm_error, e.what());
+  } catch (const CudaError& e) {
+    set(g_cuda_error, e.what());
   } catch (const InvalidArgument& e) {
     set(PyExc_ValueError, e.what());
   } catch (const TypeMismatch& e) {
@@ -51,7 +54,11 @@ void register_errors(py::module_& m) {
   g_timeout = PyErr_NewExceptionWithDoc(
       "pyring._C.CommTimeout", "A collective or rendezvous passed its deadline.", bases, nullptr);
   Py_DECREF(bases);
+  g_cuda_error = PyErr_NewExceptionWithDoc(
+      "pyring._C.CudaError", "A CUDA call failed; the message names the call and the device.",
+      g_error, nullptr);
   m.add_object("Error", py::handle(g_error));
+  m.add_object("CudaError", py::handle(g_cuda_error));
   m.add_object("CommError", py::handle(g_comm_error));
   m.add_object("CommTimeout", py::handle(g_timeout));
   py::register_exception_translator([](std::exception_ptr p) {

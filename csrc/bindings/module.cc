@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   pyring::bindings::register_transport(m);
   pyring::bindings::register_communicator(m);
   pyring::bindings::register_kernels(m);
+  pyring::bindings::register_cuda(m);
 }

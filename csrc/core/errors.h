@@ -1,6 +1,7 @@
 // Typed errors and the check macros that throw them. Each type maps to one Python exception
 // (see bindings/errors_binding.cc): Error -> pyring.Error, CommError -> pyring.CommError,
-// TimeoutError -> pyring.CommTimeout, InvalidArgument -> ValueError, TypeMismatch -> TypeError.
+// TimeoutError -> pyring.CommTimeout, CudaError -> pyring.CudaError, InvalidArgument ->
+// ValueError, TypeMismatch -> TypeError.
 #pragma once
 
 #include <cerrno>
@@ -26,6 +27,12 @@ class CommError : public Error {
 class TimeoutError : public CommError {
  public:
   using CommError::CommError;
+};
+
+// A CUDA runtime call failed; the message names the call and the device.
+class CudaError : public Error {
+ public:
+  using Error::Error;
 };
 
 class InvalidArgument : public Error {

@@ -1,8 +1,16 @@
-// float16 and bfloat16 storage types with round-to-nearest-even conversion from float.
+// float16 and bfloat16 storage types with round-to-nearest-even conversion from float. Every
+// function is PYRING_HD: the CPU kernels and the CUDA kernels share them, so the CPU tests
+// cover the arithmetic of both.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#if defined(__CUDACC__)
+#define PYRING_HD __host__ __device__ __forceinline__
+#else
+#define PYRING_HD inline
+#endif
 
 namespace pyring {
 
@@ -13,29 +21,37 @@ struct BFloat16 {
   uint16_t bits;
 };
 
-inline float bits_to_float(uint32_t u) {
+PYRING_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+#endif
 }
-inline uint32_t float_to_bits(float f) {
+PYRING_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+#endif
 }
 
-inline float to_float(BFloat16 h) {
+PYRING_HD float to_float(BFloat16 h) {
   return bits_to_float(static_cast<uint32_t>(h.bits) << 16);
 }
 
-inline BFloat16 to_bfloat16(float f) {
+PYRING_HD BFloat16 to_bfloat16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return BFloat16{static_cast<uint16_t>(u >> 16)};
 }
 
-inline float to_float(Half h) {
+PYRING_HD float to_float(Half h) {
   uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
   uint32_t exp = (h.bits >> 10) & 0x1fu;
   uint32_t man = h.bits & 0x3ffu;
@@ -48,7 +64,7 @@ inline float to_float(Half h) {
   return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-inline Half to_half(float f) {
+PYRING_HD Half to_half(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;

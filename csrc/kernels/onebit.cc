@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "kernels/elementwise.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -13,28 +14,32 @@ namespace pyring {
 
 namespace {
 
-// Packs the sign and zero bits of v[0, 8) into one byte each.
+// Packs the sign and zero bits of v[0, 8) into one byte each, one value at a time.
+inline void pack8_scalar(const float* v, uint8_t* sign, uint8_t* zero) {
+  uint32_t s = 0, zr = 0;
+  for (int k = 0; k < 8; ++k) {
+    s |= onebit_sign_bit(v[k]) << k;
+    zr |= onebit_zero_bit(v[k]) << k;
+  }
+  *sign = static_cast<uint8_t>(s);
+  *zero = static_cast<uint8_t>(zr);
+}
+
+// pack8_scalar, vectorised where the machine can.
 inline void pack8(const float* v, uint8_t* sign, uint8_t* zero) {
 #if defined(__SSE2__)
   const __m128 a = _mm_loadu_ps(v), b = _mm_loadu_ps(v + 4), z = _mm_setzero_ps();
-  // movemask reads the sign bit: -0.0 counts as negative, but its zero bit wins on decode.
+  // movemask reads the sign bit as onebit_sign_bit does.
   *sign = static_cast<uint8_t>(_mm_movemask_ps(a) | (_mm_movemask_ps(b) << 4));
   *zero = static_cast<uint8_t>(_mm_movemask_ps(_mm_cmpeq_ps(a, z)) |
                                (_mm_movemask_ps(_mm_cmpeq_ps(b, z)) << 4));
 #else
-  uint8_t s = 0, zr = 0;
-  for (int k = 0; k < 8; ++k) {
-    s |= static_cast<uint8_t>(std::signbit(v[k]) ? 1u << k : 0u);
-    zr |= static_cast<uint8_t>(v[k] == 0.0f ? 1u << k : 0u);
-  }
-  *sign = s;
-  *zero = zr;
+  pack8_scalar(v, sign, zero);
 #endif
 }
 
 inline float decode_one(uint8_t sign, uint8_t zero, int k, float scale) {
-  if ((zero >> k) & 1u) return 0.0f;
-  return ((sign >> k) & 1u) ? -scale : scale;
+  return onebit_value(sign, zero, k, scale);
 }
 
 constexpr size_t kBlock = 4096;  // values per sweep: 16 KiB of float32 stays in L1/L2
@@ -169,7 +174,7 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, u
     const size_t left = n % 8;
     std::memcpy(tail, v + 8 * whole, left * sizeof(float));
     uint8_t s, zr;
-    pack8(tail, &s, &zr);
+    pack8_scalar(tail, &s, &zr);
     const uint8_t keep = static_cast<uint8_t>((1u << left) - 1u);
     signs[whole] = s & keep;
     if (zeros) mask[whole] = zr & keep;

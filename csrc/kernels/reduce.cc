@@ -4,55 +4,11 @@
 #include <cstring>
 
 #include "core/errors.h"
-#include "kernels/half.h"
+#include "kernels/elementwise.h"
 
 namespace pyring {
 
 namespace {
-
-template <class T>
-struct Elem {
-  using Acc = T;
-  static Acc widen(T v) { return v; }
-  static T narrow(Acc v) { return v; }
-};
-template <>
-struct Elem<Half> {
-  using Acc = float;
-  static float widen(Half v) { return to_float(v); }
-  static Half narrow(float v) { return to_half(v); }
-};
-template <>
-struct Elem<BFloat16> {
-  using Acc = float;
-  static float widen(BFloat16 v) { return to_float(v); }
-  static BFloat16 narrow(float v) { return to_bfloat16(v); }
-};
-
-struct OpSum {
-  template <class A>
-  static A apply(A x, A y) {
-    return static_cast<A>(x + y);
-  }
-};
-struct OpProd {
-  template <class A>
-  static A apply(A x, A y) {
-    return static_cast<A>(x * y);
-  }
-};
-struct OpMax {
-  template <class A>
-  static A apply(A x, A y) {
-    return x > y ? x : y;
-  }
-};
-struct OpMin {
-  template <class A>
-  static A apply(A x, A y) {
-    return x < y ? x : y;
-  }
-};
 
 template <class T, class Op>
 void accumulate_impl(const void* a, const void* b, void* acc, size_t n) {
@@ -60,7 +16,7 @@ void accumulate_impl(const void* a, const void* b, void* acc, size_t n) {
   const T* pa = static_cast<const T*>(a);
   const Acc* pb = static_cast<const Acc*>(b);
   Acc* pc = static_cast<Acc*>(acc);
-  for (size_t i = 0; i < n; ++i) pc[i] = Op::apply(Elem<T>::widen(pa[i]), pb[i]);
+  for (size_t i = 0; i < n; ++i) pc[i] = accumulate_one<T, Op>(pa[i], pb[i]);
 }
 
 template <class T, class Op, bool kAvg>
@@ -70,11 +26,7 @@ void finish_impl(const void* a, const void* b, void* out, size_t n, int world) {
   const Acc* pb = static_cast<const Acc*>(b);
   T* po = static_cast<T*>(out);
   const Acc div = static_cast<Acc>(world);
-  for (size_t i = 0; i < n; ++i) {
-    Acc v = Op::apply(Elem<T>::widen(pa[i]), pb[i]);
-    if (kAvg) v = static_cast<Acc>(v / div);
-    po[i] = Elem<T>::narrow(v);
-  }
+  for (size_t i = 0; i < n; ++i) po[i] = finish_one<T, Op, kAvg>(pa[i], pb[i], div);
 }
 
 template <class T>
@@ -130,28 +82,6 @@ void finish_op(ReduceOp op, const void* a, const void* b, void* out, size_t n, i
   }
   PYRING_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
 }
-
-// Calls F<T>::run(args...) for the storage type T of `dtype`.
-#define PYRING_DISPATCH(dtype, FN, ...) \
-  switch (dtype) {                      \
-    case DType::kFloat32:               \
-      return FN<float>(__VA_ARGS__);    \
-    case DType::kFloat64:               \
-      return FN<double>(__VA_ARGS__);   \
-    case DType::kFloat16:               \
-      return FN<Half>(__VA_ARGS__);     \
-    case DType::kBFloat16:              \
-      return FN<BFloat16>(__VA_ARGS__); \
-    case DType::kInt8:                  \
-      return FN<int8_t>(__VA_ARGS__);   \
-    case DType::kUInt8:                 \
-      return FN<uint8_t>(__VA_ARGS__);  \
-    case DType::kInt32:                 \
-      return FN<int32_t>(__VA_ARGS__);  \
-    case DType::kInt64:                 \
-      return FN<int64_t>(__VA_ARGS__);  \
-  }                                     \
-  PYRING_THROW(InvalidArgument, "unknown dtype code ", static_cast<int>(dtype))
 
 }  // namespace
 
