@@ -192,13 +192,12 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, u
     if (c.valid && std::memcmp(cached, mask, mask_bytes) == 0) {
       h.zeros = kMaskCached;
       h.mask_hash = c.hash;
-    } else {
+    } else if (cache) {
+      // Only a stream with caches reads the hash: without one, no kMaskCached ever follows.
       h.mask_hash = onebit_mask_hash(mask, mask_bytes);
-      if (cache) {
-        std::memcpy(cached, mask, mask_bytes);
-        c = {1u, h.mask_hash};
-        std::memcpy(cache, &c, sizeof(c));
-      }
+      std::memcpy(cached, mask, mask_bytes);
+      c = {1u, h.mask_hash};
+      std::memcpy(cache, &c, sizeof(c));
     }
   }
   std::memcpy(out, &h, sizeof(h));

@@ -31,7 +31,7 @@ enum OnebitZeros : uint32_t {
 struct OnebitHeader {
   float scale;
   uint32_t zeros;      // an OnebitZeros
-  uint32_t mask_hash;  // onebit_mask_hash of the mask; 0 with kNoZeros
+  uint32_t mask_hash;  // onebit_mask_hash of the mask; 0 with kNoZeros or no encoder cache
   uint32_t count;      // n mod 2^32: the decoder checks it against its own n
 };
 static_assert(sizeof(OnebitHeader) == 16, "OnebitHeader is part of the wire format");
