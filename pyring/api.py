@@ -98,6 +98,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
           "p2p_port": p2p_listener.port if p2p_listener else None}
     segment = p2p_segment = None
     names: list[str] = []
+    dropped: dict[str, int] = {}
     try:
         peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
         # Every rank sees the same peers, so a bad or differing spec fails on every rank here,
@@ -145,15 +146,19 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
         for lst in (listener, p2p_listener):
             if lst is not None:
                 lst.close()
+                for why, n in lst.dropped.items():
+                    dropped[why] = dropped.get(why, 0) + n
     if rank == 0:
         log.info("topology (%s): %s\n%s", spec if isinstance(spec, str) else "explicit",
                  topo.spec(), topo.describe())
     log.info("rank %d/%d (local %d/%d): links %s, segment_bytes=%d, timeout=%gs, algo %s",
              rank, world, local_index, local_world, transports or "none", cfg.segment_bytes,
              cfg.timeout_s, cfg.algo)
-    return Communicator(core, rank=rank, world_size=world, local_rank=local_index,
+    comm = Communicator(core, rank=rank, world_size=world, local_rank=local_index,
                         local_world_size=local_world, store=store, transports=transports,
                         topology=topo)
+    comm.rendezvous_dropped = dropped
+    return comm
 
 
 def _as_lists(spec: Any) -> Any:

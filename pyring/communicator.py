@@ -38,6 +38,9 @@ class Communicator(PointToPoint):
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
+        #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
+        #: 'garbage', 'bad_mac' (failed authentication), 'not_expected', 'overflow'.
+        self.rendezvous_dropped: dict[str, int] = {}
 
     @property
     def size(self) -> int:

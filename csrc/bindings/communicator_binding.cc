@@ -88,6 +88,7 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
   setup.listener = listener;
   setup.secret = secret;
   setup.segment_bytes = segment_bytes;
+  setup.log_level = log_level;
   LinkSetup p2p_setup = setup;
   p2p_setup.own_segment = std::move(p2p_segment);
   p2p_setup.listener = p2p_listener;

@@ -33,7 +33,8 @@ Links make_links(const LinkSetup& setup, const std::vector<PeerSpec>& peers, Dea
   }
   if (!tcp_peers.empty()) {
     PYRING_CHECK_ARG(setup.listener != nullptr, "tcp peers without a listener");
-    auto fds = tcp_establish(setup.rank, *setup.listener, tcp_peers, setup.secret, deadline);
+    auto fds = tcp_establish(setup.rank, *setup.listener, tcp_peers, setup.secret, deadline,
+                             setup.log_level);
     for (auto& kv : fds) {
       out.by_rank[static_cast<size_t>(kv.first)] =
           std::make_unique<TcpLink>(kv.first, kv.second, setup.segment_bytes);

@@ -33,6 +33,7 @@ struct LinkSetup {
   TcpListener* listener = nullptr;          // required when any peer uses tcp
   std::string secret;
   size_t segment_bytes = 0;
+  int log_level = 0;  // >= 1: report connections dropped during the tcp rendezvous
 };
 
 struct Links {

@@ -8,23 +8,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "core/errors.h"
+#include "transport/tcp/tcp_handshake.h"
 
 namespace pyring {
 
 namespace {
-
-constexpr uint32_t kHelloMagic = 0x50595247;  // "PYRG"
-constexpr size_t kSecretBytes = 32;
-
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  uint8_t secret[kSecretBytes];
-};
 
 sockaddr_in make_addr(const std::string& host, int port) {
   sockaddr_in addr{};
@@ -45,48 +40,13 @@ void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-// Waits until `fd` is ready for `events` or throws TimeoutError naming `what`.
-void wait_fd(int fd, short events, Deadline deadline, const std::string& what) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    int ms = deadline.remaining_ms(100);
-    int rc = poll(&p, 1, ms);
-    if (rc > 0) return;
-    if (rc < 0 && errno != EINTR) PYRING_CHECK_ERRNO(false, "poll during ", what);
-    if (deadline.expired()) PYRING_THROW(TimeoutError, "Timed out during ", what);
-  }
-}
-
-void write_all(int fd, const void* buf, size_t n, Deadline d, const std::string& what) {
-  auto* p = static_cast<const uint8_t*>(buf);
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) {
-      p += w;
-      n -= static_cast<size_t>(w);
-    } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-      wait_fd(fd, POLLOUT, d, what);
-    } else {
-      PYRING_CHECK_ERRNO(false, what, ": send");
-    }
-  }
-}
-
-void read_all(int fd, void* buf, size_t n, Deadline d, const std::string& what) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-    } else if (r == 0) {
-      PYRING_THROW(CommError, what, ": connection closed by the peer");
-    } else if (errno == EAGAIN || errno == EINTR) {
-      wait_fd(fd, POLLIN, d, what);
-    } else {
-      PYRING_CHECK_ERRNO(false, what, ": recv");
-    }
-  }
+// Sends a handshake message whole into a fresh socket's empty buffer; false if it does not fit.
+bool send_small(int fd, const void* buf, size_t n) {
+  ssize_t w;
+  do {
+    w = ::send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (w < 0 && errno == EINTR);
+  return w == static_cast<ssize_t>(n);
 }
 
 int connect_to(const TcpPeer& peer, int rank, Deadline deadline) {
@@ -138,64 +98,215 @@ void TcpListener::close_now() {
   fd_ = -1;
 }
 
+namespace {
+
+// One connection being opened. Outgoing: this rank connected to `peer` and awaits its
+// Challenge, then its Ack. Incoming: accepted, Challenge sent, awaiting a Hello until `until`.
+struct Pending {
+  enum Phase { kOutChallenge, kOutAck, kInHello } phase;
+  int fd = -1;
+  int peer = -1;  // outgoing only
+  uint8_t buf[sizeof(Hello)] = {};
+  size_t got = 0;
+  size_t need = 0;
+  Challenge challenge{};
+  Hello hello{};
+  Clock::time_point until{};
+  size_t target = 0;  // outgoing: index into the peers
+};
+
+}  // namespace
+
 std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vector<TcpPeer>& peers,
-                                 const std::string& secret, Deadline deadline) {
+                                 const std::string& secret, Deadline deadline, int log_level) {
   PYRING_CHECK_ARG(secret.size() == kSecretBytes, "job secret must be ", kSecretBytes,
                    " bytes, got ", secret.size());
   std::map<int, int> fds;
-  auto cleanup = [&] {
-    for (auto& kv : fds) close(kv.second);
+  std::vector<Pending> pending;
+  std::set<int> awaited;        // lower ranks that have not connected yet
+  std::map<int, int> refusals;  // outgoing: times a peer closed the connection mid-handshake
+  auto drop = [&](size_t i) {
+    close(pending[i].fd);
+    pending[i] = pending.back();
+    pending.pop_back();
   };
+  auto open_out = [&](size_t target) {
+    const TcpPeer& p = peers[target];
+    Pending c{Pending::kOutChallenge};
+    c.fd = connect_to(p, rank, deadline);
+    c.peer = p.rank;
+    c.need = sizeof(Challenge);
+    c.target = target;
+    pending.push_back(c);
+  };
+  auto& dropped = listener.dropped();
   try {
-    Hello hello{kHelloMagic, rank, {}};
-    std::memcpy(hello.secret, secret.data(), kSecretBytes);
-    size_t expected_accepts = 0;
-    for (const auto& p : peers) {
-      if (p.rank < rank) {
-        ++expected_accepts;
-        continue;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (peers[i].rank < rank) {
+        awaited.insert(peers[i].rank);
+      } else {
+        open_out(i);
       }
-      int fd = connect_to(p, rank, deadline);
-      fds[p.rank] = fd;
-      write_all(fd, &hello, sizeof(hello), deadline,
-                str_cat("sending hello from rank ", rank, " to rank ", p.rank));
     }
-    while (expected_accepts > 0) {
-      wait_fd(
-          listener.fd(), POLLIN, deadline,
-          str_cat("rank ", rank, " waiting for ", expected_accepts, " lower rank(s) to connect"));
-      int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      Hello in{};
-      try {
-        read_all(fd, &in, sizeof(in), deadline, str_cat("reading hello at rank ", rank));
-      } catch (const CommError&) {
-        close(fd);
-        continue;
+    std::vector<pollfd> polled;
+    auto outgoing = [&] {
+      for (const auto& c : pending) {
+        if (c.phase != Pending::kInHello) return true;
       }
-      bool wanted = false;
-      for (const auto& p : peers) wanted |= (p.rank == in.rank && p.rank < rank);
-      if (in.magic != kHelloMagic || std::memcmp(in.secret, secret.data(), kSecretBytes) != 0 ||
-          !wanted || fds.count(in.rank)) {
-        close(fd);  // not a peer of this job: drop it
-        continue;
+      return false;
+    };
+    while (outgoing() || !awaited.empty()) {
+      auto now = Clock::now();
+      int wait_ms = deadline.remaining_ms(100);
+      polled.clear();
+      polled.push_back(pollfd{awaited.empty() ? -1 : listener.fd(), POLLIN, 0});
+      for (const auto& c : pending) {
+        polled.push_back(pollfd{c.fd, POLLIN, 0});
+        if (c.phase == Pending::kInHello) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.until - now);
+          wait_ms = std::max(0, std::min(wait_ms, static_cast<int>(left.count()) + 1));
+        }
       }
-      tune(fd);
-      uint8_t ack = 'K';
-      write_all(fd, &ack, 1, deadline, str_cat("acknowledging rank ", in.rank));
-      fds[in.rank] = fd;
-      --expected_accepts;
+      int rc = poll(polled.data(), polled.size(), wait_ms);
+      if (rc < 0 && errno != EINTR) PYRING_CHECK_ERRNO(false, "poll during the tcp rendezvous");
+      // Readable connections first, by index into `polled` (pending may shrink as we go).
+      std::vector<int> ready;
+      for (size_t i = 1; i < polled.size(); ++i) {
+        if (rc > 0 && polled[i].revents) ready.push_back(polled[i].fd);
+      }
+      for (int fd : ready) {
+        size_t i = 0;
+        while (i < pending.size() && pending[i].fd != fd) ++i;
+        if (i == pending.size()) continue;
+        Pending& c = pending[i];
+        ssize_t r = ::recv(c.fd, c.buf + c.got, c.need - c.got, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (r <= 0) {  // closed or reset before the handshake finished
+          if (c.phase == Pending::kInHello) {
+            ++(c.got ? dropped.garbage : dropped.silent);
+            drop(i);
+          } else {
+            size_t target = c.target;
+            ++refusals[c.peer];
+            drop(i);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            open_out(target);
+          }
+          continue;
+        }
+        c.got += static_cast<size_t>(r);
+        if (c.got < c.need) continue;
+        if (c.phase == Pending::kOutChallenge) {
+          PYRING_CHECK(check_challenge(c.buf, c.got), CommError, "rank ", c.peer, " at ",
+                       peers[c.target].host, ":", peers[c.target].port,
+                       " did not answer as a pyring rank of this version (connecting from rank ",
+                       rank, ", this process)");
+          std::memcpy(&c.challenge, c.buf, sizeof(Challenge));
+          c.hello = make_hello(secret, c.challenge, rank, c.peer);
+          PYRING_CHECK(send_small(c.fd, &c.hello, sizeof(Hello)), CommError,
+                       "sending the hello from rank ", rank, " to rank ", c.peer, " failed");
+          c.phase = Pending::kOutAck;
+          c.got = 0;
+          c.need = sizeof(Ack);
+        } else if (c.phase == Pending::kOutAck) {
+          PYRING_CHECK(check_ack(c.buf, c.got, secret, c.challenge, c.hello), CommError, "rank ",
+                       c.peer, " at ", peers[c.target].host, ":", peers[c.target].port,
+                       " failed authentication from rank ", rank,
+                       " (this process): it does not hold this job's secret");
+          tune(c.fd);
+          fds[c.peer] = c.fd;
+          pending[i] = pending.back();
+          pending.pop_back();
+        } else {
+          int from = -1;
+          auto verdict = check_hello(
+              c.buf, c.got, secret, c.challenge, rank, [&](int r) { return awaited.count(r) > 0; },
+              &from);
+          if (verdict == HelloVerdict::kOk) {
+            std::memcpy(&c.hello, c.buf, sizeof(Hello));
+            Ack ack = make_ack(secret, c.challenge, c.hello);
+            if (send_small(c.fd, &ack, sizeof(ack))) {
+              tune(c.fd);
+              fds[from] = c.fd;
+              awaited.erase(from);
+              pending[i] = pending.back();
+              pending.pop_back();
+              continue;
+            }
+            verdict = HelloVerdict::kGarbage;
+          }
+          ++(verdict == HelloVerdict::kBadMac        ? dropped.bad_mac
+             : verdict == HelloVerdict::kNotExpected ? dropped.not_expected
+                                                     : dropped.garbage);
+          drop(i);
+        }
+      }
+      if (rc > 0 && (polled[0].revents & POLLIN)) {
+        for (;;) {
+          int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (fd < 0) break;
+          size_t incoming = 0;
+          for (const auto& c : pending) incoming += c.phase == Pending::kInHello;
+          Pending c{Pending::kInHello};
+          c.fd = fd;
+          c.need = sizeof(Hello);
+          c.challenge = make_challenge();
+          c.until = Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs);
+          if (incoming >= kMaxPendingHellos || !send_small(fd, &c.challenge, sizeof(c.challenge))) {
+            ++dropped.overflow;
+            close(fd);
+            continue;
+          }
+          pending.push_back(c);
+        }
+      }
+      now = Clock::now();
+      for (size_t i = 0; i < pending.size();) {
+        if (pending[i].phase == Pending::kInHello && now >= pending[i].until) {
+          ++(pending[i].got ? dropped.garbage : dropped.silent);
+          drop(i);
+        } else {
+          ++i;
+        }
+      }
+      if (deadline.expired() && (outgoing() || !awaited.empty())) {
+        std::string missing;
+        for (int r : awaited) missing += str_cat(missing.empty() ? "" : ", ", r);
+        for (const auto& c : pending) {
+          if (c.phase != Pending::kInHello) {
+            missing += str_cat(missing.empty() ? "" : ", ", c.peer);
+            if (refusals.count(c.peer)) {
+              missing += str_cat(" (closed the handshake ", refusals[c.peer],
+                                 " time(s): does it hold this job's secret?)");
+            }
+          }
+        }
+        PYRING_THROW(TimeoutError, "Timed out: rank ", rank,
+                     " (this process) could not open authenticated tcp links to ranks ", missing,
+                     "; dropped ", dropped.total(), " unknown connection(s) on port ",
+                     listener.port());
+      }
     }
-    for (const auto& p : peers) {
-      if (p.rank < rank) continue;
-      uint8_t ack = 0;
-      read_all(fds[p.rank], &ack, 1, deadline,
-               str_cat("waiting for rank ", p.rank, " to accept rank ", rank));
-      PYRING_CHECK(ack == 'K', CommError, "rank ", p.rank, " sent a bad acknowledgement");
-    }
+    // Connections still in their hello when every peer is in are strangers.
+    for (const auto& c : pending) ++(c.got ? dropped.garbage : dropped.silent);
+    for (const auto& c : pending) close(c.fd);
+    pending.clear();
   } catch (...) {
-    cleanup();
+    for (auto& c : pending) close(c.fd);
+    for (auto& kv : fds) close(kv.second);
     throw;
+  }
+  if (log_level >= 1 && dropped.total() > 0) {
+    std::fprintf(stderr,
+                 "[pyring INFO] rank %d: dropped %llu unknown connection(s) on port %d during the "
+                 "rendezvous: %llu silent, %llu garbage, %llu failed authentication, %llu not "
+                 "expected, %llu over the limit\n",
+                 rank, static_cast<unsigned long long>(dropped.total()), listener.port(),
+                 static_cast<unsigned long long>(dropped.silent),
+                 static_cast<unsigned long long>(dropped.garbage),
+                 static_cast<unsigned long long>(dropped.bad_mac),
+                 static_cast<unsigned long long>(dropped.not_expected),
+                 static_cast<unsigned long long>(dropped.overflow));
   }
   return fds;
 }

@@ -21,7 +21,20 @@ class TcpListener {
   int fd() const { return fd_; }
   void close_now();
 
+  // Connections dropped during tcp_establish, by why. Written by the establishing thread.
+  struct Dropped {
+    uint64_t silent = 0;        // sent nothing before their hello deadline
+    uint64_t garbage = 0;       // sent bytes that are not a pyring hello, or hung up midway
+    uint64_t bad_mac = 0;       // a hello that fails authentication with the job's secret
+    uint64_t not_expected = 0;  // authentic, but from a rank this one does not await
+    uint64_t overflow = 0;      // beyond kMaxPendingHellos connections at once
+    uint64_t total() const { return silent + garbage + bad_mac + not_expected + overflow; }
+  };
+  const Dropped& dropped() const { return dropped_; }
+  Dropped& dropped() { return dropped_; }
+
  private:
+  Dropped dropped_;
   int fd_ = -1;
   int port_ = 0;
 };
@@ -32,10 +45,17 @@ struct TcpPeer {
   int port;
 };
 
-// Opens one connection to every peer in `peers`: this rank connects to higher ranks and accepts
-// lower ones. Each connection starts with a hello carrying the rank and the job's secret; a
-// connection with a wrong secret is dropped. Returns rank -> connected non-blocking socket.
+// How long an accepted connection may take to send its hello, and how many may wait at once.
+constexpr int kHelloTimeoutMs = 5000;
+constexpr size_t kMaxPendingHellos = 256;
+
+// Opens one authenticated connection to every peer in `peers`: this rank connects to higher
+// ranks and accepts lower ones (tcp_handshake.h). All handshakes run at once on this thread,
+// each accepted connection with its own hello deadline, so a silent or slow stranger on the
+// port delays no peer; whatever fails the handshake is closed and counted in
+// listener.dropped(), and reported at log_level >= 1. A connector whose connection is closed
+// before its Ack connects again until `deadline`. Returns rank -> connected non-blocking socket.
 std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vector<TcpPeer>& peers,
-                                 const std::string& secret, Deadline deadline);
+                                 const std::string& secret, Deadline deadline, int log_level = 0);
 
 }  // namespace pyring

@@ -1,0 +1,78 @@
+// The messages that open a tcp link, and their checks. Pure functions of bytes, so that the
+// parser can be fuzzed (tests/fuzz/).
+//
+// The acceptor sends a Challenge as soon as it accepts; the connector answers with a Hello
+// whose MAC covers both nonces and both ranks under the job's secret; the acceptor answers a
+// valid Hello with an Ack whose MAC the connector checks in turn. The secret never travels,
+// and a recorded exchange cannot be replayed (the acceptor's nonce is new on every accept).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pyring {
+
+constexpr size_t kSecretBytes = 32;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+
+struct Challenge {
+  uint32_t magic;
+  uint32_t version;
+  uint8_t nonce[kNonceBytes];
+};
+static_assert(sizeof(Challenge) == 40, "Challenge is part of the wire format");
+
+struct Hello {
+  uint32_t magic;
+  int32_t from_rank;
+  int32_t to_rank;
+  uint32_t reserved;
+  uint8_t nonce[kNonceBytes];
+  uint8_t mac[kMacBytes];
+};
+static_assert(sizeof(Hello) == 80, "Hello is part of the wire format");
+
+struct Ack {
+  uint8_t mac[kMacBytes];
+};
+
+// What the acceptor made of the bytes a connection sent.
+enum class HelloVerdict {
+  kOk,
+  kGarbage,      // not a pyring hello (magic or version)
+  kBadMac,       // a hello whose MAC fails: another job's secret, or forged
+  kNotExpected,  // authentic, but not for this rank or from a rank it does not expect
+};
+const char* hello_verdict_name(HelloVerdict v);
+
+// Fills `nonce` from the kernel's random source.
+void random_nonce(uint8_t* nonce);
+
+Challenge make_challenge();
+bool check_challenge(const uint8_t* bytes, size_t n);  // magic and version
+Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank);
+// Checks `n` bytes received as a Hello against the Challenge this acceptor sent. `from_rank`
+// is set when the verdict is kOk or kNotExpected; `expected(rank)` says whether a connection
+// from that rank is wanted now.
+template <typename Expected>
+HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
+                         const Challenge& challenge, int this_rank, Expected expected,
+                         int* from_rank);
+HelloVerdict check_hello_mac(const uint8_t* bytes, size_t n, const std::string& secret,
+                             const Challenge& challenge, int this_rank, int* from_rank);
+Ack make_ack(const std::string& secret, const Challenge& challenge, const Hello& hello);
+bool check_ack(const uint8_t* bytes, size_t n, const std::string& secret,
+               const Challenge& challenge, const Hello& hello);
+
+template <typename Expected>
+HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
+                         const Challenge& challenge, int this_rank, Expected expected,
+                         int* from_rank) {
+  HelloVerdict v = check_hello_mac(bytes, n, secret, challenge, this_rank, from_rank);
+  if (v == HelloVerdict::kOk && !expected(*from_rank)) return HelloVerdict::kNotExpected;
+  return v;
+}
+
+}  // namespace pyring
