@@ -21,7 +21,7 @@ from .api import (
     stats,
 )
 from .communicator import Communicator
-from .errors import CommError, CommTimeout, CudaError, Error
+from .errors import CommError, CommTimeout, CudaError, DesyncError, Error
 from .ops import ReduceOp
 from .topology import Topology
 from .work import Work
@@ -35,7 +35,8 @@ def cuda_device_count() -> int:
 
 
 __all__ = [
-    "Communicator", "CommError", "CommTimeout", "CudaError", "Error", "ReduceOp", "Work",
+    "Communicator", "CommError", "CommTimeout", "CudaError", "DesyncError", "Error",
+    "ReduceOp", "Work",
     "init", "destroy", "default", "is_initialized",
     "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
     "cuda_device_count", "stats", "reset_stats", "Topology", *_DELEGATED,

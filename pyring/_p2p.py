@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from ._buffers import bytes_of, check_same_dtype, view_of
+from ._desync import dtype_code
+from .ops import op_code
 from .work import Work
 
 _ANY = -1
@@ -109,12 +111,15 @@ class PointToPoint:
         tensors are left unchanged. It runs as an allreduce (the same bytes on the root's
         links as a reduce-scatter and a gather), so other ranks need scratch of its size."""
         dst = self._root(dst, "reduce", "dst")
+        if self._detail:
+            v = view_of(tensor, "reduce", "tensor", writable=self.rank == dst)
+            self._check("reduce", v.count, v.dtype, op_code(op, "reduce"), dst)
         if self.rank == dst:
-            return self.all_reduce(tensor, op=op, async_op=async_op)
+            return self._nested(self.all_reduce, tensor, op=op, async_op=async_op)
         # all_reduce keeps the scratch alive until the exchange completes.
         scratch = tensor.new_empty(tensor.shape) if hasattr(tensor, "new_empty") else \
             np.empty_like(tensor)
-        w = self.all_reduce(tensor, op=op, async_op=async_op, out=scratch)
+        w = self._nested(self.all_reduce, tensor, op=op, async_op=async_op, out=scratch)
         return None if w is None else Work(w._work, tensor)
 
     def gather(self, tensor: Any, gather_list: list | None = None, dst: int = 0,
@@ -125,6 +130,8 @@ class PointToPoint:
         src = bytes_of(tensor, "gather", "tensor")
         blocks = self._blocks(gather_list, tensor, src, "gather", "gather_list",
                               self.rank == dst, writable=True)
+        if self._detail:
+            self._check("gather", src.nbytes, dtype_code(tensor.dtype), root=dst)
         w = self._c.gather(src.ptr, src.nbytes, blocks, dst, async_op)
         return self._launch(gather_list, (tensor, gather_list), async_op, w)
 
@@ -136,6 +143,8 @@ class PointToPoint:
         out = bytes_of(tensor, "scatter", "tensor", writable=True)
         blocks = self._blocks(scatter_list, tensor, out, "scatter", "scatter_list",
                               self.rank == src)
+        if self._detail:
+            self._check("scatter", out.nbytes, dtype_code(tensor.dtype), root=src)
         w = self._c.scatter(blocks, out.ptr, out.nbytes, src, async_op)
         return self._launch(tensor, (tensor, scatter_list), async_op, w)
 
@@ -171,6 +180,8 @@ class PointToPoint:
                             f"{output.dtype}")
         ins = self._splits(input, i, input_split_sizes, "input")
         outs = self._splits(output, o, output_split_sizes, "output")
+        if self._detail:
+            self._check("all_to_all_single", i.nbytes, dtype_code(input.dtype))
         w = self._c.all_to_all(ins, outs, async_op)
         return self._launch(output, (output, input), async_op, w)
 
@@ -206,6 +217,9 @@ class PointToPoint:
             if a.dtype != b.dtype:
                 raise TypeError(f"all_to_all: input_tensor_list[{j}] is {a.dtype} but "
                                 f"output_tensor_list[{j}] is {b.dtype}")
+        if self._detail:
+            self._check("all_to_all", sum(n for _, n in ins),
+                        dtype_code(input_tensor_list[0].dtype) if ins else -1)
         w = self._c.all_to_all(ins, outs, async_op)
         return self._launch(output_tensor_list, (output_tensor_list, input_tensor_list),
                             async_op, w)

@@ -95,7 +95,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
           "gpu_path": pci.local_gpu_path() if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": list(cfg.link_model),
           "addr": [host_ip, listener.port] if listener else None,
-          "p2p_port": p2p_listener.port if p2p_listener else None}
+          "p2p_port": p2p_listener.port if p2p_listener else None,
+          "detail": cfg.debug == "DETAIL"}
     segment = p2p_segment = None
     names: list[str] = []
     dropped: dict[str, int] = {}
@@ -104,7 +105,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
         # Every rank sees the same peers, so a bad or differing spec fails on every rank here,
         # before any link is opened.
         _agree(rank, peers, me, ("transport", "segment_bytes", "algo", "topology",
-                                 "link_model"))
+                                 "link_model", "detail"))
         topo = _topology(spec, cfg.topology_source, peers, world)
         hosts = list(dict.fromkeys(p["host"] for p in peers))
         host_of = [hosts.index(p["host"]) for p in peers]
@@ -135,7 +136,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                _spin_us(local_world), specs, list(topo.levels), groups, host_of,
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
                                _link_model(cfg, peers, host_of), p2p_segment, p2p_listener,
-                               p2p_specs)
+                               p2p_specs, cfg.flight_entries)
         core.single_copy_bytes = cfg.single_copy_bytes
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
@@ -156,7 +157,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
              cfg.timeout_s, cfg.algo)
     comm = Communicator(core, rank=rank, world_size=world, local_rank=local_index,
                         local_world_size=local_world, store=store, transports=transports,
-                        topology=topo)
+                        topology=topo, detail=cfg.debug == "DETAIL")
     comm.rendezvous_dropped = dropped
     return comm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from . import _desync
 from ._buffers import check_same_dtype, overlaps, view_of
 from ._p2p import PointToPoint
 from .config import ALGOS
@@ -24,7 +25,7 @@ class Communicator(PointToPoint):
 
     def __init__(self, core: Any, *, rank: int, world_size: int, local_rank: int,
                  local_world_size: int, store: Any, transports: dict[int, str],
-                 topology: Any) -> None:
+                 topology: Any, detail: bool = False) -> None:
         self._c = core
         self.rank = rank
         self.world_size = world_size
@@ -38,6 +39,11 @@ class Communicator(PointToPoint):
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
+        # PYRING_DEBUG=DETAIL: collectives agree on their description first (_desync.py);
+        # calls made by another collective's implementation (depth > 0) are not checked.
+        self._detail = detail
+        self._desync_seq = 0
+        self._desync_depth = 0
         #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
         #: 'garbage', 'bad_mac' (failed authentication), 'not_expected', 'overflow'.
         self.rendezvous_dropped: dict[str, int] = {}
@@ -52,6 +58,19 @@ class Communicator(PointToPoint):
         while inflight and inflight[0][0].is_completed():
             inflight.popleft()
         inflight.append((cwork, keep))
+
+    def _check(self, kind: str, count: int = 0, dtype: int = -1, op: int = -1, root: int = -1,
+                algo: str | None = None, wire: str = "fp32") -> None:
+        if self._desync_depth == 0:
+            _desync.check(self, kind, count, dtype, op, root, algo, wire)
+
+    def _nested(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Runs ``fn`` with the desync check of the collectives it calls turned off."""
+        self._desync_depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._desync_depth -= 1
 
     def _launch(self, result: Any, keep: tuple, async_op: bool, cwork: Any) -> Work | None:
         if not async_op:
@@ -78,10 +97,13 @@ class Communicator(PointToPoint):
             if async_op:
                 raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
                                  f"schedule; async_op does not apply")
+            if self._detail:
+                self._check("all_reduce", tensor.numel(), _desync.dtype_code(tensor.dtype),
+                            op_code(op, "all_reduce"), -1, algo, wire)
             if out is not None:
                 out.copy_(tensor)
                 tensor = out
-            all_reduce_wire(self, tensor, op, wire, state, algo)
+            self._nested(all_reduce_wire, self, tensor, op, wire, state, algo)
             return None
         code = op_code(op, "all_reduce")
         if algo is None:
@@ -102,6 +124,8 @@ class Communicator(PointToPoint):
                                  f"{src.count}")
             if dst.ptr != src.ptr and overlaps(src, dst):
                 raise ValueError("all_reduce: out partially overlaps tensor")
+        if self._detail:
+            self._check("all_reduce", src.count, src.dtype, code, -1, algo or "auto")
         w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
@@ -113,6 +137,8 @@ class Communicator(PointToPoint):
             raise ValueError(f"broadcast: src={src!r} is not a rank of a world of "
                              f"{self.world_size}")
         v = view_of(tensor, "broadcast", "tensor", writable=True)
+        if self._detail:
+            self._check("broadcast", v.count, v.dtype, root=src)
         w = self._c.broadcast(v.ptr, v.count, v.dtype, src, async_op)
         return self._launch(tensor, (tensor,), async_op, w)
 
@@ -132,6 +158,8 @@ class Communicator(PointToPoint):
         if src.ptr != own and overlaps(src, dst):
             raise ValueError("all_gather_into_tensor: tensor overlaps out but is not this "
                              "rank's slice of it")
+        if self._detail:
+            self._check("all_gather_into_tensor", src.count, src.dtype)
         w = self._c.all_gather(src.ptr, dst.ptr, src.count, src.dtype, async_op)
         return self._launch(out, (out, tensor), async_op, w)
 
@@ -152,11 +180,15 @@ class Communicator(PointToPoint):
         if dst.ptr != own and overlaps(src, dst):
             raise ValueError("reduce_scatter_tensor: out overlaps tensor but is not this rank's "
                              "slice of it")
+        if self._detail:
+            self._check("reduce_scatter_tensor", dst.count, src.dtype, code)
         w = self._c.reduce_scatter(src.ptr, dst.ptr, dst.count, src.dtype, code, async_op)
         return self._launch(out, (out, tensor), async_op, w)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Returns once every rank has entered the barrier."""
+        if self._detail:
+            self._check("barrier")
         return self._launch(None, (), async_op, self._c.barrier(async_op))
 
     def transport(self, peer: int) -> str | None:
@@ -192,6 +224,17 @@ class Communicator(PointToPoint):
             "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1],
                     "single_copy_bytes": p2p[2] - base_p2p[2]},
         }
+
+    def debug_dump(self) -> list[dict[str, Any]]:
+        """The flight recorder: this rank's last collectives (PYRING_FLIGHT_RECORDER, default
+        256), oldest first, each a dict of ``seq``, ``kind``, ``count``, ``dtype``, ``op``,
+        ``root``, ``algo`` (as the selector chose), ``start`` (wall clock, seconds since the
+        epoch), ``duration_s`` (None while running), ``state`` ('running', 'completed',
+        'failed', 'timed out') and ``error``. Safe to call from any thread while a collective
+        runs. The same record goes to stderr the first time a collective fails. Point-to-point
+        messages and the collectives built on them (gather, scatter, all-to-all) are not
+        recorded."""
+        return self._c.debug_dump()
 
     def reset_stats(self) -> None:
         """Zeroes the counters that stats() reports."""

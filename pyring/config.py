@@ -17,6 +17,7 @@ DEFAULT_SEGMENT_BYTES = 256 * 1024
 TRANSPORTS = ("auto", "shm", "tcp")
 ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
+DEFAULT_FLIGHT_ENTRIES = 256
 # The selector's alpha-beta figures (csrc/core/communicator.h Options): per link class,
 # latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate (GB/s).
 DEFAULT_LINK_MODEL = {"shm": (4.0, 4.9), "tcp": (18.0, 1.0), "reduce": (0.0, 2.0)}
@@ -36,6 +37,8 @@ class Config:
     link_classes_set: frozenset = frozenset()  # the classes the user gave figures for
     # gather/scatter/all_to_all blocks from this size up go single copy within a host; 0: never
     single_copy_bytes: int = _C.DEFAULT_SINGLE_COPY_BYTES
+    # collectives the flight recorder keeps (Communicator.debug_dump); 0: none
+    flight_entries: int = DEFAULT_FLIGHT_ENTRIES
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -152,5 +155,9 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     single = env.get("PYRING_SINGLE_COPY_BYTES", "").strip()
     single_bytes = (0 if single == "0" else parse_bytes(single, "PYRING_SINGLE_COPY_BYTES")
                     if single else _C.DEFAULT_SINGLE_COPY_BYTES)
+    flight = env.get("PYRING_FLIGHT_RECORDER", "").strip() or str(DEFAULT_FLIGHT_ENTRIES)
+    if not flight.isdigit():
+        raise ValueError(f"PYRING_FLIGHT_RECORDER={flight!r} is not valid (valid: a count of "
+                         f"collectives to keep, 0 for none)")
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
-                  topology, topology_source, model, given, single_bytes)
+                  topology, topology_source, model, given, single_bytes, int(flight))

@@ -1,5 +1,7 @@
-"""pyring's exception types: ``Error``, and under it ``CommError``, ``CommTimeout`` and
-``CudaError`` (a CUDA call failed: the message names the call and the device).
+"""pyring's exception types: ``Error``, and under it ``CommError``, ``CommTimeout``,
+``CudaError`` (a CUDA call failed: the message names the call and the device) and
+``DesyncError`` (at PYRING_DEBUG=DETAIL, the ranks called different collectives: the
+message names the ranks that differ and what each called).
 
 ``CommTimeout`` is also a builtin ``TimeoutError``. Bad arguments raise ``ValueError`` or
 ``TypeError`` before any byte is sent.
@@ -7,4 +9,10 @@
 
 from ._C import CommError, CommTimeout, CudaError, Error
 
-__all__ = ["Error", "CommError", "CommTimeout", "CudaError"]
+
+class DesyncError(Error):
+    """The ranks called different collectives (kind, size, dtype, op, root, algorithm or
+    wire format), or a rank skipped one. Raised on every rank before any data moves."""
+
+
+__all__ = ["Error", "CommError", "CommTimeout", "CudaError", "DesyncError"]

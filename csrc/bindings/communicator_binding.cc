@@ -61,7 +61,8 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
                                   std::vector<int> host_of, bool shm_within_host, int log_level,
                                   const ModelTuple& model, std::shared_ptr<ShmSegment> p2p_segment,
                                   TcpListener* p2p_listener,
-                                  const std::vector<PeerTuple>& p2p_tuples) {
+                                  const std::vector<PeerTuple>& p2p_tuples,
+                                  size_t flight_entries) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -74,6 +75,7 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
   PYRING_CHECK_ARG(spin_us >= 0, "spin_us must be >= 0, got ", spin_us);
   opts.spin_us = spin_us;
   opts.log_level = log_level;
+  opts.flight_entries = flight_entries;
   const auto& [shm_alpha, shm_bw, tcp_alpha, tcp_bw, reduce_bw] = model;
   PYRING_CHECK_ARG(shm_alpha >= 0 && tcp_alpha >= 0 && shm_bw > 0 && tcp_bw > 0 && reduce_bw > 0,
                    "link model figures must be positive");
@@ -197,7 +199,8 @@ void register_communicator(py::module_& m) {
           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
           py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
-          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"))
+          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"),
+          py::arg("flight_entries") = 256)
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -238,6 +241,30 @@ void register_communicator(py::module_& m) {
             return d;
           },
           py::arg("bytes"), "The selector's time estimates in seconds, per algorithm.")
+      .def(
+          "debug_dump",
+          [](const Communicator& c) {
+            py::list out;
+            for (const auto& e : c.recorder().snapshot()) {
+              py::dict d;
+              d["seq"] = e.seq;
+              d["kind"] = e.name;
+              d["count"] = e.count;
+              d["dtype"] = dtype_name(e.dtype);
+              d["op"] = e.op >= 0 ? py::object(py::str(op_name(static_cast<ReduceOp>(e.op))))
+                                  : py::object(py::none());
+              d["root"] = e.root >= 0 ? py::object(py::int_(e.root)) : py::object(py::none());
+              d["algo"] = e.algo.empty() ? py::object(py::none()) : py::object(py::str(e.algo));
+              d["start"] = e.start_s;
+              d["duration_s"] = e.duration_s >= 0 ? py::object(py::float_(e.duration_s))
+                                                  : py::object(py::none());
+              d["state"] = flight_state_name(e.state);
+              d["error"] = e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
+              out.append(d);
+            }
+            return out;
+          },
+          "The flight recorder: this rank's last collectives, oldest first.")
       .def_property_readonly("ring_order", &Communicator::ring_order)
       .def("close",
            [](Communicator& c) {

@@ -137,7 +137,7 @@ Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested) {
   if (algo == Algo::kAuto) {
     algo = comm.cached_choice(bytes, [&] { return choose_allreduce(comm, bytes, nullptr); });
   }
-  comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
+  comm.count_call(algo);
   if (comm.options().log_level >= 1) {
     comm.log_once(
         1, str_cat("all_reduce/", static_cast<int>(requested), "/", static_cast<int>(algo)), [&] {
@@ -184,7 +184,7 @@ Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes
   } else {
     why = str_cat("estimated ", ring * 1e6, " us against the tree's ", tree * 1e6, " us");
   }
-  comm.calls().by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
+  comm.count_call(algo);
   if (o.log_level >= 1) {
     comm.log_once(1, str_cat(name, "/", static_cast<int>(algo)), [&] {
       return str_cat(name, " ", human_bytes(bytes), ": ", algo_name(algo), " (", why, ")");
@@ -211,7 +211,7 @@ void allgather(Communicator& comm, const BufferView& in, const BufferView& out, 
 }
 
 void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes) {
-  comm.calls().by_algo[static_cast<size_t>(Algo::kRing)].fetch_add(1, std::memory_order_relaxed);
+  comm.count_call(Algo::kRing);
   if (comm.options().log_level < 1) return;
   const char* name = kind == CollectiveKind::kBroadcast ? "broadcast" : "barrier";
   const char* why =

@@ -24,6 +24,7 @@ Communicator::Communicator(int rank, int size, Options options, Topology topolog
       shm_within_host_(shm_within_host),
       links_(std::move(links)),
       keepalive_(std::move(keepalive)),
+      recorder_(options.flight_entries),
       p2p_(std::move(p2p)) {
   PYRING_CHECK_ARG(p2p_ && p2p_->size() == size, "the point-to-point engine must span the world");
   PYRING_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
@@ -112,6 +113,7 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
                  "communicator is unusable after an earlier failure: ", broken_);
   }
   ++seq_;
+  recorder_.begin(seq_, desc);
   try {
     fn(Deadline::after(options_.timeout_s));
   } catch (const CommError& e) {
@@ -119,10 +121,26 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
     for (auto& l : links_) {
       if (l) l->abort();
     }
+    failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix() + e.what());
     rethrow_with_prefix(prefix());
-  } catch (...) {
+  } catch (const std::exception& e) {
+    failed(false, prefix() + e.what());
     rethrow_with_prefix(prefix());
   }
+  recorder_.end(FlightEntry::kCompleted);
+}
+
+void Communicator::failed(bool timed_out, const std::string& what) {
+  recorder_.end(timed_out ? FlightEntry::kTimedOut : FlightEntry::kFailed, what);
+  if (dumped_ || recorder_.capacity() == 0) return;
+  dumped_ = true;
+  std::fprintf(stderr, "[pyring WARN] rank %d: %s\nflight recorder of rank %d (last %zu):\n%s",
+               rank_, what.c_str(), rank_, recorder_.capacity(), recorder_.format().c_str());
+}
+
+void Communicator::count_call(Algo algo) {
+  calls_.by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
+  recorder_.set_algo(algo_name(algo));
 }
 
 void Communicator::run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {

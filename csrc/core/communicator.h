@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/flight_recorder.h"
 #include "core/p2p.h"
 #include "core/progress.h"
 #include "core/topology.h"
@@ -46,6 +47,7 @@ struct Options {
   // the direct algorithm and the ring at the measured 16 KiB for 2 ranks.
   std::array<LinkModel, kNumLinkClasses> links = {LinkModel{4e-6, 4.9e9}, LinkModel{18e-6, 1e9}};
   double reduce_bytes_per_s = 2e9;
+  size_t flight_entries = 256;  // collectives the flight recorder keeps; 0: none
 };
 
 // Per-communicator counters, readable from any thread.
@@ -118,6 +120,9 @@ class Communicator {
   uint64_t seq() const { return seq_; }
 
   CallCounters& calls() { return calls_; }
+  // Counts a call of `algo` and notes it in the flight recorder. Called by the selector.
+  void count_call(Algo algo);
+  const FlightRecorder& recorder() const { return recorder_; }
   // Writes message() to stderr once per distinct `key` when log_level >= `level`. Thread-safe.
   void log_once(int level, const std::string& key, const std::function<std::string()>& message);
   // The selector's auto choice for a message of `bytes`, from compute() the first time.
@@ -126,6 +131,8 @@ class Communicator {
 
  private:
   void execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
+  // Ends the running entry of the recorder and prints the recorder the first time.
+  void failed(bool timed_out, const std::string& what);
 
   int rank_;
   int size_;
@@ -147,6 +154,8 @@ class Communicator {
   std::vector<uint8_t> single_copy_failed_;  // by peer; written only by the running collective
   std::string broken_;  // why the communicator is unusable; written only by the running collective
   CallCounters calls_;
+  FlightRecorder recorder_;
+  bool dumped_ = false;  // the recorder was printed after a failure; written by the running one
   std::mutex log_mu_;
   std::set<std::string> logged_;  // guarded by log_mu_
   std::mutex choice_mu_;

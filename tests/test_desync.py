@@ -1,0 +1,106 @@
+"""PYRING_DEBUG=DETAIL: every rank names the rank that called a different collective; the
+flight recorder keeps the last collectives and is dumped on failure."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from multiproc import run_ranks
+
+import pyring
+
+WORLD = 5
+ODD = 4  # the rank that calls something else
+TIMEOUT_S = 20.0
+
+# What every rank but ODD calls (kind, count, dtype, op, root, algo), what ODD calls instead,
+# and a word the message must show.
+AR = ("all_reduce", 64, torch.float32, "sum", 0, None)
+BC = ("broadcast", 64, torch.float32, None, 0, None)
+CASES = {
+    "kind": (AR, BC, "broadcast"),
+    "count": (AR, AR[:1] + (65,) + AR[2:], "count=65"),
+    "dtype": (AR, AR[:2] + (torch.float64,) + AR[3:], "dtype=float64"),
+    "op": (AR, AR[:3] + ("max",) + AR[4:], "op=max"),
+    "root": (BC, BC[:4] + (2, None), "root=2"),
+    "algo": (AR, AR[:5] + ("ring",), "algo=ring"),
+}
+
+
+def _call(comm, call):
+    kind, count, dtype, op, root, algo = call
+    t = torch.ones(count, dtype=dtype)
+    if kind == "all_reduce":
+        comm.all_reduce(t, op=op, algo=algo)
+    else:
+        comm.broadcast(t, src=root)
+
+
+def _desync(rank, world, store, case):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=TIMEOUT_S)
+    common, odd, _ = CASES[case]
+    comm.all_reduce(torch.ones(8))  # #1: every rank agrees
+    start = time.monotonic()
+    try:
+        _call(comm, odd if rank == ODD else common)
+        out = ("no error", "", 0.0)
+    except pyring.Error as e:
+        out = (type(e).__name__, str(e), time.monotonic() - start)
+    ok = None
+    if out[0] == "DesyncError":  # the communicator is still usable
+        t = torch.ones(4)
+        comm.all_reduce(t)
+        ok = float(t[0])
+    comm.close()
+    return out + (ok,)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_names_the_rank_that_differs(case):
+    res = run_ranks(WORLD, _desync, case, env={"PYRING_DEBUG": "DETAIL"}, timeout=120)
+    word = CASES[case][2]
+    for rank, (kind, msg, elapsed, ok) in enumerate(res):
+        assert kind == "DesyncError", (rank, kind, msg)
+        assert f"rank {ODD} called" in msg and word in msg, (rank, msg)
+        assert "ranks 0, 1, 2, 3 called" in msg, (rank, msg)
+        assert elapsed < TIMEOUT_S / 2, (rank, elapsed)
+        assert ok == WORLD, (rank, ok)
+
+
+def _recorder(rank, world, store):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=2.0)
+    for n in (10, 100_000):
+        comm.all_reduce(torch.ones(n))
+    comm.broadcast(torch.ones(3), src=1)
+    before = comm.debug_dump()
+    if rank == 1:
+        return before, None
+    try:
+        comm.all_reduce(torch.ones(7))
+    except pyring.CommError:
+        pass
+    return before, comm.debug_dump()
+
+
+def test_flight_recorder_records_and_marks_the_failure(capfd):
+    res = run_ranks(2, _recorder, timeout=60)
+    before, after = res[0]
+    assert [e["kind"] for e in before] == ["all_reduce", "all_reduce", "broadcast"]
+    assert [e["seq"] for e in before] == [1, 2, 3]
+    assert before[1]["count"] == 100_000 and before[1]["dtype"] == "float32"
+    assert before[1]["op"] == "sum" and before[1]["algo"] in pyring.config.ALGOS
+    assert before[2]["root"] == 1 and all(e["state"] == "completed" for e in before)
+    assert all(e["duration_s"] >= 0 and e["start"] > 1e9 for e in before)
+    last = after[-1]
+    assert last["count"] == 7 and last["state"] in ("failed", "timed out"), last
+    assert "rank 1" in last["error"], last
+    err = capfd.readouterr().err
+    assert "flight recorder of rank 0" in err and "#4 all_reduce count=7" in err, err[-2000:]
+
+
+def test_flight_recorder_size_is_validated(monkeypatch):
+    monkeypatch.setenv("PYRING_FLIGHT_RECORDER", "lots")
+    with pytest.raises(ValueError, match="PYRING_FLIGHT_RECORDER"):
+        pyring.init(0, 1, set_default=False)
