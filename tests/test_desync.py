@@ -104,3 +104,21 @@ def test_flight_recorder_size_is_validated(monkeypatch):
     monkeypatch.setenv("PYRING_FLIGHT_RECORDER", "lots")
     with pytest.raises(ValueError, match="PYRING_FLIGHT_RECORDER"):
         pyring.init(0, 1, set_default=False)
+
+
+def _mismatch_without_detail(rank, world, store):
+    comm = pyring.init(rank, world, store, set_default=False, timeout=TIMEOUT_S)
+    try:
+        comm.all_reduce(torch.ones(65 if rank == ODD else 64))
+        return "no error"
+    except pyring.CommError as e:
+        return str(e)
+
+
+def test_without_detail_every_rank_reports_the_original_cause():
+    """Only ODD's ring neighbours see its header; the others learn the cause relayed through
+    the shared-memory segments of the ranks that gave up."""
+    res = run_ranks(WORLD, _mismatch_without_detail, env={"PYRING_TRANSPORT": "shm"},
+                    timeout=120)
+    for rank, msg in enumerate(res):
+        assert "count=65" in msg and f"rank {ODD}" in msg, (rank, msg)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "core/errors.h"
 #include "core/link.h"
@@ -118,8 +119,12 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
     fn(Deadline::after(options_.timeout_s));
   } catch (const CommError& e) {
     broken_ = e.what();
+    // The cause peers learn: a cause relayed from another rank travels on unchanged.
+    const char* relayed = std::strstr(e.what(), kGaveUpBecause);
+    std::string cause = relayed ? std::string(relayed + std::strlen(kGaveUpBecause))
+                                : str_cat("rank ", rank_, " failed in ", prefix(), e.what());
     for (auto& l : links_) {
-      if (l) l->abort();
+      if (l) l->abort(cause);
     }
     failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix() + e.what());
     rethrow_with_prefix(prefix());

@@ -344,7 +344,7 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   if (!p.broken.empty()) return;
   p.broken = why;
   try {
-    p.link->abort();
+    p.link->abort(why);
   } catch (const std::exception&) {
   }
   // The error that broke the link, for the ops it took down.

@@ -129,8 +129,7 @@ bool ShmLink::progress_recv() {
 
 bool ShmLink::progress() {
   PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
-  PYRING_CHECK(theirs_->header()->aborted.load(std::memory_order_relaxed) == 0, CommError, "rank ",
-               peer_, " gave up on the communicator");
+  if (theirs_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
   bool moved = progress_send();
   moved |= progress_recv();
   return moved;
@@ -146,14 +145,23 @@ std::string ShmLink::pending() const {
 
 void ShmLink::check_peer() {
   auto* h = theirs_->header();
-  PYRING_CHECK(h->aborted.load(std::memory_order_acquire) == 0, CommError, "rank ", peer_,
-               " gave up on the communicator");
+  if (h->aborted.load(std::memory_order_acquire) != 0) {
+    std::string why(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
+    if (why.empty()) PYRING_THROW(CommError, "rank ", peer_, " gave up on the communicator");
+    PYRING_THROW(CommError, "rank ", peer_, kGaveUpBecause, why);
+  }
   PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
 }
 
-void ShmLink::abort() {
+void ShmLink::abort(const std::string& why) {
   aborted_ = true;
-  mine_->header()->aborted.store(1, std::memory_order_seq_cst);
+  auto* h = mine_->header();
+  if (h->aborted.load(std::memory_order_acquire) == 0) {  // the first link to abort writes
+    size_t n = std::min(why.size(), sizeof(h->abort_reason) - 1);
+    std::memcpy(h->abort_reason, why.data(), n);
+    h->abort_reason[n] = '\0';
+  }
+  h->aborted.store(1, std::memory_order_seq_cst);
   theirs_->header()->sleeping.store(0, std::memory_order_seq_cst);
   futex_wake_all(&theirs_->header()->sleeping);
 }

@@ -124,7 +124,7 @@ std::string TcpLink::pending() const {
                  " bytes left to receive");
 }
 
-void TcpLink::abort() {
+void TcpLink::abort(const std::string&) {
   aborted_ = true;
   shutdown(fd_, SHUT_RDWR);
 }
