@@ -9,8 +9,9 @@ namespace pyring {
 
 namespace {
 constexpr uint32_t kHeaderMagic = 0x50524831;  // "PRH1"
+}  // namespace
 
-std::string describe(const WireHeader& h) {
+std::string describe_header(const WireHeader& h) {
   if (h.magic != kHeaderMagic) return "bytes that are not a collective header";
   std::string s = str_cat(collective_kind_name(h.kind), " #", h.seq);
   if (h.kind == static_cast<uint32_t>(CollectiveKind::kBarrier)) return s;
@@ -23,7 +24,6 @@ std::string describe(const WireHeader& h) {
   if (h.root >= 0) s += str_cat(", src=", h.root);
   return s + ")";
 }
-}  // namespace
 
 HeaderExchange::HeaderExchange(uint64_t seq, CollectiveKind kind, DType dtype, ReduceOp op,
                                uint64_t count, int root) {
@@ -47,8 +47,8 @@ void HeaderExchange::post(Link* from, Link* to, int this_rank) {
   spec.on_piece = [this, peer](const uint8_t*, size_t off, size_t len) {
     if (off + len < sizeof(incoming_)) return;
     if (std::memcmp(&incoming_, &mine_, sizeof(mine_)) != 0) {
-      PYRING_THROW(CommError, "rank ", peer, " sent ", describe(incoming_), " but rank ",
-                   this_rank_, " (this process) runs ", describe(mine_),
+      PYRING_THROW(CommError, "rank ", peer, " sent ", describe_header(incoming_), " but rank ",
+                   this_rank_, " (this process) runs ", describe_header(mine_),
                    ": every rank must call the same collectives in the same order with the "
                    "same sizes");
     }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/link.h"
 #include "core/types.h"
@@ -24,6 +25,10 @@ struct WireHeader {
   int32_t root;
 };
 static_assert(sizeof(WireHeader) == 32, "WireHeader is part of the wire format");
+
+// "all_reduce #3 (count=..., dtype=..., op=...)" for any 32 bytes; "bytes that are not a
+// collective header" when the magic is wrong. Total over every input (fuzzed: tests/fuzz/).
+std::string describe_header(const WireHeader& h);
 
 // Posts this rank's header to `to` (if not null) and the check of the header expected from
 // `from` (if not null). Must be posted before the collective's data on the same links; lives
