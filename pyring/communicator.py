@@ -90,21 +90,6 @@ class Communicator(PointToPoint):
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
         'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
         hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
-        if wire != "fp32":
-            from .compression import all_reduce_wire, check_wire
-
-            check_wire(wire, "all_reduce")
-            if async_op:
-                raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
-                                 f"schedule; async_op does not apply")
-            if self._detail:
-                self._check("all_reduce", tensor.numel(), _desync.dtype_code(tensor.dtype),
-                            op_code(op, "all_reduce"), -1, algo, wire)
-            if out is not None:
-                out.copy_(tensor)
-                tensor = out
-            self._nested(all_reduce_wire, self, tensor, op, wire, state, algo)
-            return None
         code = op_code(op, "all_reduce")
         if algo is None:
             algo_code = -1
@@ -113,6 +98,21 @@ class Communicator(PointToPoint):
         else:
             raise ValueError(f"all_reduce: algo={algo!r} is not valid "
                              f"(valid: {', '.join(ALGOS)})")
+        if wire != "fp32":
+            from .compression import all_reduce_wire, check_wire_call
+
+            check_wire_call(tensor, op, wire, state, out)
+            if async_op:
+                raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
+                                 f"schedule; async_op does not apply")
+            if self._detail:
+                self._check("all_reduce", tensor.numel(), _desync.dtype_code(tensor.dtype),
+                            code, -1, algo, wire)
+            if out is not None and out is not tensor:
+                out.copy_(tensor)
+                tensor = out
+            self._nested(all_reduce_wire, self, tensor, op, wire, state, algo)
+            return None
         src = view_of(tensor, "all_reduce", "tensor", writable=out is None)
         if out is None:
             out, dst = tensor, src

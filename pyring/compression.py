@@ -158,6 +158,41 @@ def _tree_groups(comm: Any, algo: str | None) -> list | None:
     return groups if several and algo in (None, "auto", "tree") else None
 
 
+def check_wire_call(tensor: Any, op: Any, wire: str, state: Any, out: Any = None) -> str:
+    """Validates an all_reduce on ``wire`` into ``out`` (None: in place) before any byte is
+    sent; returns the op's name ('sum' or 'avg')."""
+    import torch
+
+    check_wire(wire, "all_reduce")
+    name = _C.OP_NAMES[op_code(op, "all_reduce")]
+    if name not in ("sum", "avg"):
+        raise ValueError(f"all_reduce: wire={wire!r} takes op 'sum' or 'avg', got {op!r}")
+    if not isinstance(tensor, torch.Tensor) or str(tensor.dtype) not in _FLOATS:
+        raise ValueError(f"all_reduce: wire={wire!r} takes a floating torch tensor, got "
+                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if wire == "onebit" and not isinstance(state, OneBitState):
+        raise ValueError("all_reduce: wire='onebit' needs state=pyring.OneBitState() (one per "
+                         "bucket, kept across calls)")
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise TypeError(f"all_reduce: out must be a torch.Tensor on wire={wire!r}, got "
+                        f"{type(out).__name__}")
+    for what, t in (("tensor", tensor), ("out", out)):
+        if t is not None and (not t.is_cpu or t.layout != torch.strided):
+            raise ValueError(f"all_reduce: wire={wire!r} takes dense CPU tensors, but {what} is "
+                             f"{t.layout} on {t.device}")
+    if out is not None and out is not tensor:
+        if out.dtype != tensor.dtype:
+            raise TypeError(f"all_reduce: out is {getattr(out, 'dtype', type(out).__name__)} "
+                            f"but tensor is {tensor.dtype}")
+        if out.shape != tensor.shape:
+            raise ValueError(f"all_reduce: out has shape {tuple(out.shape)} but tensor has "
+                             f"{tuple(tensor.shape)}")
+        if out.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            raise ValueError("all_reduce: out shares memory with tensor; pass out=None to "
+                             "reduce in place")
+    return name
+
+
 def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
                     state: OneBitState | None = None, algo: str | None = None) -> Any:
     """Reduces ``tensor`` in place across ``comm``'s ranks on ``wire`` (see the module) and
@@ -166,17 +201,7 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     host several ranks (pyring/_wire_tree.py); 'ring' and 'direct' keep the flat schedule."""
     import torch
 
-    check_wire(wire, "all_reduce")
-    name = _C.OP_NAMES[op_code(op, "all_reduce")]
-    if name not in ("sum", "avg"):
-        raise ValueError(f"all_reduce: wire={wire!r} takes op 'sum' or 'avg', got {op!r}")
-    op = name
-    if not isinstance(tensor, torch.Tensor) or str(tensor.dtype) not in _FLOATS:
-        raise ValueError(f"all_reduce: wire={wire!r} takes a floating torch tensor, got "
-                         f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
-    if wire == "onebit" and not isinstance(state, OneBitState):
-        raise ValueError("all_reduce: wire='onebit' needs state=pyring.OneBitState() (one per "
-                         "bucket, kept across calls)")
+    op = check_wire_call(tensor, op, wire, state)
     if wire == "fp32":
         comm.all_reduce(tensor, op=op)
         return tensor
