@@ -1,0 +1,266 @@
+"""Soak and kill trials: long random mixes with every result verified, then trials that kill
+a random rank and check that every survivor raises in time and nothing is left behind.
+
+    python bench/soak.py                          # 4 ranks, 10 minutes, then 100 kill trials
+    python bench/soak.py --minutes 1 --trials 10  # a short run
+    python bench/soak.py --fuzz-calls 10000       # also the API fuzz (tests/api_fuzz.py)
+
+Writes bench/results/soak_<tag>.json with the machine's description; exits non-zero when a
+target is missed (any wrong result, any failed trial, any fuzz failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from _soak_mix import Mix  # noqa: E402
+from machine import describe  # noqa: E402
+
+import pyring  # noqa: E402
+
+CHECK_EVERY = 25  # calls between the ranks' agreement on whether to stop
+
+
+def _store(port: int, world: int, timeout_s: float) -> Any:
+    return dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _soak_rank(rank: int, world: int, port: int, seconds: float, seed: int, topology: str,
+               results: Any) -> None:
+    torch.set_num_threads(1)
+    comm = pyring.init(rank, world, _store(port, world, 60), set_default=False, timeout=60,
+                       topology=topology)
+    mix, wrong, errors = Mix(comm, seed), 0, []
+    start = time.monotonic()
+    while True:
+        try:
+            wrong += mix.step()
+        except Exception as e:  # recorded: any error in the soak is a failure
+            errors.append(f"call {mix.call}: {type(e).__name__}: {e}"[:500])
+            break
+        if mix.call % CHECK_EVERY == 0:
+            stop = torch.tensor([float(time.monotonic() - start >= seconds)])
+            comm.all_reduce(stop, op="max")
+            if stop.item() > 0:
+                break
+    stats = comm.stats()
+    comm.close()
+    results.put((rank, {"calls": mix.call, "wrong_elements": wrong, "errors": errors,
+                        "by_kind": mix.counts, "bytes_sent": stats["bytes_sent"],
+                        "calls_by_algo": stats["calls"]}))
+
+
+def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_soak_rank, args=(r, world, store.port, seconds, seed, topology,
+                                                  results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, dict] = {}
+    deadline = time.monotonic() + seconds + 300
+    while len(got) < world and time.monotonic() < deadline:
+        try:
+            rank, out = results.get(timeout=5)
+            got[rank] = out
+        except Exception:
+            if not any(p.is_alive() for p in procs):
+                break
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    per_rank = [got.get(r, {"calls": 0, "wrong_elements": 0, "errors": ["no report"]})
+                for r in range(world)]
+    return {"world": world, "seconds": seconds, "seed": seed, "topology": topology,
+            "calls": per_rank[0]["calls"],
+            "wrong_elements": sum(r["wrong_elements"] for r in per_rank),
+            "errors": [e for r in per_rank for e in r["errors"]],
+            "by_kind": per_rank[0].get("by_kind", {}),
+            "calls_by_algo": per_rank[0].get("calls_by_algo", {})}
+
+
+# -- kill trials ----------------------------------------------------------------------------
+
+def _trial_rank(rank: int, world: int, port: int, timeout_s: float, seed: int,
+                results: Any) -> None:
+    torch.set_num_threads(1)
+    try:
+        comm = pyring.init(rank, world, _store(port, world, timeout_s), set_default=False,
+                           timeout=timeout_s, topology="0,1|2,3" if world == 4 else "auto")
+        results.put((rank, "ready", time.time()))
+        mix = Mix(comm, seed)
+        while True:
+            mix.step()
+    except BaseException as e:  # the survivor's report: what it raised, and when
+        results.put((rank, type(e).__name__, time.time(), str(e)[:300]))
+
+
+def _shm_names() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("pyring-")}
+    except OSError:
+        return set()
+
+
+def kill_trial(world: int, timeout_s: float, rng: random.Random) -> dict:
+    ctx = mp.get_context("fork")  # the parent has torch and pyring imported, and no threads
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    shm_before = _shm_names()
+    results = ctx.Queue()
+    seed = rng.randrange(1 << 30)
+    procs = [ctx.Process(target=_trial_rank, args=(r, world, store.port, timeout_s, seed,
+                                                   results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    victim = rng.randrange(world)
+    # A third of the kills land during init (which takes about 0.2 s here), the rest later.
+    delay = rng.uniform(0.0, 0.25) if rng.random() < 1 / 3 else rng.uniform(0.25, 2.5)
+    time.sleep(delay)
+    procs[victim].kill()
+    killed_at = time.time()
+    reports: dict[int, tuple] = {}
+    ready = 0
+    end = time.monotonic() + 2 * timeout_s + 10
+    while len(reports) < world - 1 and time.monotonic() < end:
+        try:
+            msg = results.get(timeout=0.5)
+        except Exception:
+            continue
+        if msg[1] == "ready":
+            ready += 1
+        elif msg[0] != victim:
+            reports[msg[0]] = msg
+    for p in procs:
+        p.join(timeout=10)
+    left = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    phase = "run" if ready >= world - 1 else "init"
+    # Init waits on the store and then on the links, each with the deadline.
+    bound = timeout_s + 1.0 if phase == "run" else 2 * timeout_s + 1.0
+    late = {r: round(m[2] - killed_at, 2) for r, m in reports.items() if m[2] - killed_at > bound}
+    silent = [r for r in range(world) if r != victim and r not in reports]
+    leaked = sorted(_shm_names() - shm_before)
+    kinds = sorted({m[1] for m in reports.values()})
+    ok = not late and not silent and not left and not leaked
+    return {"victim": victim, "kill_after_s": round(delay, 2), "phase": phase, "ok": ok,
+            "raised": kinds, "max_raise_s": round(max((m[2] - killed_at for m in
+                                                       reports.values()), default=-1), 2),
+            "late": late, "silent": silent, "processes_left": left, "shm_left": leaked,
+            "sample_error": next(iter(reports.values()))[3] if reports else None}
+
+
+def kill_trials(world: int, trials: int, timeout_s: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(trials):
+        row = kill_trial(world, timeout_s, rng)
+        rows.append(row)
+        mark = "ok" if row["ok"] else "FAIL"
+        print(f"trial {i + 1}/{trials}: kill rank {row['victim']} after {row['kill_after_s']} s "
+              f"({row['phase']}): survivors raised {row['raised']} within "
+              f"{row['max_raise_s']} s  {mark}", flush=True)
+    passed = sum(r["ok"] for r in rows)
+    by_phase = {ph: [r["max_raise_s"] for r in rows if r["phase"] == ph] for ph in ("init", "run")}
+    return {"world": world, "trials": trials, "passed": passed, "timeout_s": timeout_s,
+            "max_raise_s": {ph: max(v, default=None) for ph, v in by_phase.items()},
+            "trials_by_phase": {ph: len(v) for ph, v in by_phase.items()},
+            "failures": [r for r in rows if not r["ok"]], "rows": rows}
+
+
+def fuzz(calls: int, seed: int) -> dict:
+    import api_fuzz as af
+
+    rng = random.Random(seed)
+    pool = af.Pool(2)
+    seen: dict[str, int] = {}
+    failures, hangs = [], 0
+    try:
+        for _ in range(calls):
+            spec = {"kind": rng.choice(af.KINDS), "dtype": rng.choice(af.DTYPES),
+                    "shape": [rng.randint(0, 5) for _ in range(rng.randint(0, 3))]
+                    if rng.random() < 0.8 else [rng.randint(1, 70_000)],
+                    "layout": rng.choice(af.LAYOUTS),
+                    "device": rng.choice(("cpu", "cpu", "cpu", "meta")),
+                    "numpy": rng.random() < 0.5, "op": rng.choice(af.OPS),
+                    "async_op": rng.random() < 0.5, "out": rng.choice(af.OUTS),
+                    "algo": rng.choice(af.ALGOS), "wire": rng.choice(af.WIRES),
+                    "root": rng.randint(-1, 2)}
+            outcomes = pool.call(spec)
+            if outcomes is None:
+                hangs += 1
+                failures.append({"spec": spec, "why": "hang"})
+                break
+            verdict = af.judge(spec, outcomes, 2)
+            if verdict:
+                failures.append({"spec": spec, "why": verdict})
+            seen[outcomes[0][0]] = seen.get(outcomes[0][0], 0) + 1
+    finally:
+        pool.close()
+    return {"calls": sum(seen.values()), "outcomes": seen, "failures": failures[:20],
+            "crashes_or_wrong": len(failures) - hangs, "hangs": hangs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--trial-timeout", type=float, default=3.0,
+                    help="pyring's deadline in the kill trials, seconds")
+    ap.add_argument("--topology", default="0,1|2,3", help="the soak's topology (tree included)")
+    ap.add_argument("--fuzz-calls", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tag", default="vm")
+    ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
+    args = ap.parse_args()
+    out: dict[str, Any] = {"machine": describe(), "command": " ".join(sys.argv)}
+    ok = True
+    if args.minutes > 0:
+        s = soak(args.world, args.minutes * 60, args.seed, args.topology)
+        print(f"soak: {s['calls']} calls on {args.world} ranks in {args.minutes:g} min, "
+              f"{s['wrong_elements']} wrong elements, {len(s['errors'])} errors", flush=True)
+        out["soak"] = s
+        ok &= s["wrong_elements"] == 0 and not s["errors"] and s["calls"] > 0
+    if args.fuzz_calls > 0:
+        f = fuzz(args.fuzz_calls, args.seed)
+        print(f"fuzz: {f['calls']} calls, outcomes {f['outcomes']}, {f['crashes_or_wrong']} "
+              f"wrong or crashed, {f['hangs']} hangs", flush=True)
+        out["fuzz"] = f
+        ok &= not f["failures"] and f["calls"] == args.fuzz_calls
+    if args.trials > 0:
+        k = kill_trials(args.world, args.trials, args.trial_timeout, args.seed)
+        print(f"kill trials: {k['passed']}/{k['trials']} passed; slowest survivor "
+              f"{k['max_raise_s']} s after the kill (deadline {args.trial_timeout:g} s)",
+              flush=True)
+        out["kill_trials"] = k
+        ok &= k["passed"] == k["trials"]
+    path = args.out or os.path.join(HERE, "results", f"soak_{args.tag}.json")
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"wrote {path}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
