@@ -99,8 +99,9 @@ def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
 # -- kill trials ----------------------------------------------------------------------------
 
 def _trial_rank(rank: int, world: int, port: int, timeout_s: float, seed: int,
-                results: Any) -> None:
+                results: Any, late_s: float) -> None:
     torch.set_num_threads(1)
+    time.sleep(late_s)
     try:
         comm = pyring.init(rank, world, _store(port, world, timeout_s), set_default=False,
                            timeout=timeout_s, topology="0,1|2,3" if world == 4 else "auto")
@@ -119,20 +120,36 @@ def _shm_names() -> set[str]:
         return set()
 
 
+_CONTEXT: Any = None
+
+
+def _trial_context() -> Any:
+    """Ranks fork from a clean single-threaded server that has torch and pyring loaded: fast
+    to start, and free of what forking this process (store and queue threads) would inherit."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "pyring", "_soak_mix", "soak"])
+    return _CONTEXT
+
+
 def kill_trial(world: int, timeout_s: float, rng: random.Random) -> dict:
-    ctx = mp.get_context("fork")  # the parent has torch and pyring imported, and no threads
+    ctx = _trial_context()
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     shm_before = _shm_names()
     results = ctx.Queue()
     seed = rng.randrange(1 << 30)
+    victim = rng.randrange(world)
+    # In a third of the trials the victim comes late (0.3 s) and is killed before, during or
+    # just after its init, while the others wait for it in theirs; otherwise all run first.
+    in_init = rng.random() < 1 / 3
+    late = [0.3 if in_init and r == victim else 0.0 for r in range(world)]
+    delay = rng.uniform(0.05, 0.45) if in_init else rng.uniform(0.1, 2.5)
     procs = [ctx.Process(target=_trial_rank, args=(r, world, store.port, timeout_s, seed,
-                                                   results)) for r in range(world)]
+                                                   results, late[r])) for r in range(world)]
     for p in procs:
         p.start()
-    victim = rng.randrange(world)
-    # A third of the kills land during init (which takes about 0.2 s here), the rest later.
-    delay = rng.uniform(0.0, 0.25) if rng.random() < 1 / 3 else rng.uniform(0.25, 2.5)
     time.sleep(delay)
     procs[victim].kill()
     killed_at = time.time()
@@ -221,6 +238,34 @@ def fuzz(calls: int, seed: int) -> dict:
             "crashes_or_wrong": len(failures) - hangs, "hangs": hangs}
 
 
+def strangers(trials: int) -> dict:
+    """The start of 4 tcp ranks with and without strangers (silent, garbage, forged and
+    wrong-secret clients on every listening port of the ranks that wait for a late one), side
+    by side per trial (tests/test_strangers.py)."""
+    import test_strangers as ts
+    from multiproc import run_ranks
+
+    env = {"PYRING_TRANSPORT": "tcp", "OMP_NUM_THREADS": "1"}
+    rows = []
+    for _ in range(trials):
+        quiet = run_ranks(4, ts._job, False, env=env, timeout=120)
+        noisy = run_ranks(4, ts._job, True, env=env, timeout=120)
+        dropped: dict[str, int] = {}
+        for r in noisy:
+            for why, n in r[3].items():
+                dropped[why] = dropped.get(why, 0) + n
+        answered = noisy[-1][4]
+        rows.append({"start_s_quiet": round(ts._delay(quiet), 4),
+                     "start_s_with_strangers": round(ts._delay(noisy), 4),
+                     "dropped": dropped, "wrong_secret_clients": len(answered),
+                     "strangers_accepted": sum(1 for a in answered if a),
+                     "results_right": all(r[2] == 10.0 for r in quiet + noisy)})
+    delays = [r["start_s_with_strangers"] - r["start_s_quiet"] for r in rows]
+    return {"trials": trials, "max_added_delay_s": round(max(delays), 4),
+            "strangers_accepted": sum(r["strangers_accepted"] for r in rows),
+            "all_results_right": all(r["results_right"] for r in rows), "rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
@@ -230,6 +275,7 @@ def main() -> int:
                     help="pyring's deadline in the kill trials, seconds")
     ap.add_argument("--topology", default="0,1|2,3", help="the soak's topology (tree included)")
     ap.add_argument("--fuzz-calls", type=int, default=0)
+    ap.add_argument("--strangers", type=int, default=0, help="rendezvous trials with strangers")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
@@ -248,6 +294,13 @@ def main() -> int:
               f"wrong or crashed, {f['hangs']} hangs", flush=True)
         out["fuzz"] = f
         ok &= not f["failures"] and f["calls"] == args.fuzz_calls
+    if args.strangers > 0:
+        st = strangers(args.strangers)
+        print(f"strangers: {st['trials']} trials, start delayed by at most "
+              f"{st['max_added_delay_s']} s, {st['strangers_accepted']} accepted", flush=True)
+        out["strangers"] = st
+        ok &= st["max_added_delay_s"] < 1.0 and st["strangers_accepted"] == 0 and \
+            st["all_results_right"]
     if args.trials > 0:
         k = kill_trials(args.world, args.trials, args.trial_timeout, args.seed)
         print(f"kill trials: {k['passed']}/{k['trials']} passed; slowest survivor "

@@ -83,7 +83,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     store = rendezvous.prefixed(meeting.store, rank)
     if rank == 0:
         store.set("job", os.urandom(40))
-    job = store.get("job") if world > 1 else os.urandom(40)
+    job = rendezvous.job_key(store, rank, cfg.timeout_s) if world > 1 else os.urandom(40)
     secret, job_id = job[:32], job[32:].hex()
     host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
     listener = _C.TcpListener(host_ip) if world > 1 else None

@@ -142,6 +142,18 @@ def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s:
         ) from None
 
 
+def job_key(store: Any, rank: int, timeout_s: float) -> bytes:
+    """The job's secret and name, which rank 0 publishes when it joins."""
+    from .errors import CommTimeout
+
+    try:
+        store.wait(["job"], datetime.timedelta(seconds=timeout_s))
+    except Exception as e:  # torch raises DistStoreError / RuntimeError on timeout
+        raise CommTimeout(f"Timed out: init on rank {rank}: rank 0 did not join within "
+                          f"{timeout_s:g} s ({e})") from None
+    return store.get("job")
+
+
 def exchange(store: Any, rank: int, world: int, info: dict, timeout_s: float) -> list[dict]:
     """Publishes ``info`` and returns every rank's, in rank order."""
     from .errors import CommTimeout

@@ -115,10 +115,11 @@ def _mismatch_without_detail(rank, world, store):
         return str(e)
 
 
-def test_without_detail_every_rank_reports_the_original_cause():
-    """Only ODD's ring neighbours see its header; the others learn the cause relayed through
-    the shared-memory segments of the ranks that gave up."""
-    res = run_ranks(WORLD, _mismatch_without_detail, env={"PYRING_TRANSPORT": "shm"},
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_without_detail_every_rank_reports_the_original_cause(transport):
+    """Only ODD's ring neighbours see its header; the others learn the cause relayed by the
+    ranks that gave up (in their shared-memory segments, or announced on the p2p links)."""
+    res = run_ranks(WORLD, _mismatch_without_detail, env={"PYRING_TRANSPORT": transport},
                     timeout=120)
     for rank, msg in enumerate(res):
         assert "count=65" in msg and f"rank {ODD}" in msg, (rank, msg)

@@ -117,22 +117,37 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
   recorder_.begin(seq_, desc);
   try {
     fn(Deadline::after(options_.timeout_s));
-  } catch (const CommError& e) {
-    broken_ = e.what();
-    // The cause peers learn: a cause relayed from another rank travels on unchanged.
-    const char* relayed = std::strstr(e.what(), kGaveUpBecause);
-    std::string cause = relayed ? std::string(relayed + std::strlen(kGaveUpBecause))
-                                : str_cat("rank ", rank_, " failed in ", prefix(), e.what());
-    for (auto& l : links_) {
-      if (l) l->abort(cause);
+  } catch (const PeerLost& e) {
+    // A peer that gave up announces why on the p2p links; a dead one never does.
+    std::string cause = p2p_->announced_by(e.peer(), kAnnounceWait);
+    if (cause.empty()) {
+      give_up(e, prefix());
+      rethrow_with_prefix(prefix());
     }
-    failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix() + e.what());
+    CommError relayed(str_cat(e.what(), "; rank ", e.peer(), kGaveUpBecause, cause));
+    give_up(relayed, prefix());
+    throw CommError(prefix() + relayed.what());
+  } catch (const CommError& e) {
+    give_up(e, prefix());
     rethrow_with_prefix(prefix());
   } catch (const std::exception& e) {
     failed(false, prefix() + e.what());
     rethrow_with_prefix(prefix());
   }
   recorder_.end(FlightEntry::kCompleted);
+}
+
+void Communicator::give_up(const CommError& e, const std::string& prefix) {
+  broken_ = e.what();
+  // The cause peers learn: a cause relayed from another rank travels on unchanged.
+  const char* relayed = std::strstr(e.what(), kGaveUpBecause);
+  std::string cause = relayed ? std::string(relayed + std::strlen(kGaveUpBecause))
+                              : str_cat("rank ", rank_, " failed in ", prefix, e.what());
+  p2p_->announce_abort(cause);
+  for (auto& l : links_) {
+    if (l) l->abort(cause);
+  }
+  failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix + e.what());
 }
 
 void Communicator::failed(bool timed_out, const std::string& what) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -19,6 +20,7 @@
 
 namespace pyring {
 
+class CommError;
 class Link;
 
 // The classes of link the selector tells apart.
@@ -131,6 +133,11 @@ class Communicator {
 
  private:
   void execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn);
+  // Marks the communicator broken by `e`, hands the cause to every peer (links and p2p) and
+  // records the failure.
+  void give_up(const CommError& e, const std::string& prefix);
+  // How long a rank whose peer's link went away waits for the cause that peer announces.
+  static constexpr std::chrono::milliseconds kAnnounceWait{500};
   // Ends the running entry of the recorder and prints the recorder the first time.
   void failed(bool timed_out, const std::string& what);
 

@@ -23,6 +23,17 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// The peer's end of a link went away (closed or reset): the peer died, or gave up for a cause
+// it may have announced on the point-to-point links (P2pEngine::announce_abort).
+class PeerLost : public CommError {
+ public:
+  PeerLost(int peer, const std::string& what) : CommError(what), peer_(peer) {}
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+};
+
 // A deadline passed before the operation completed.
 class TimeoutError : public CommError {
  public:

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/p2p_state.h"
 
 namespace pyring {
 
@@ -32,28 +33,6 @@ std::exception_ptr error(const Args&... args) {
   return std::make_exception_ptr(E(str_cat(args...)));
 }
 }  // namespace
-
-struct P2pEngine::Op {
-  std::shared_ptr<Work> work;
-  bool is_send = false;
-  P2pAddress addr{};
-  uint8_t* data = nullptr;
-  size_t bytes = 0;
-  Deadline deadline{};
-  P2pFrame frame{};        // send: what goes ahead of the payload
-  uint64_t end = 0;        // send: Peer::posted_bytes once this op's bytes have left
-  int landing = -1;        // receive: the peer whose message is landing in it
-  bool into_user = false;  // receive: the link writes into `data` directly
-  bool done = false;
-};
-
-struct P2pEngine::Held {
-  int peer = -1;
-  P2pFrame frame{};
-  std::vector<uint8_t> data;
-  bool complete = false;
-  std::shared_ptr<Op> claimed;  // a receive waiting for the rest of the message
-};
 
 P2pEngine::P2pEngine(int rank, std::vector<std::unique_ptr<Link>> links,
                      std::shared_ptr<void> keepalive, int spin_us)

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -39,7 +40,10 @@ namespace pyring {
 
 // Whose message it is: the user's, or part of a collective (tag = the collective's sequence
 // number, kind = its CollectiveKind), so that the two never match each other.
-enum class P2pContext : uint8_t { kUser = 0, kCollective = 1 };
+// kControl: a message from the engine itself (kind kAbortCause: why the sender's communicator
+// gave up), which no receive matches.
+enum class P2pContext : uint8_t { kUser = 0, kCollective = 1, kControl = 2 };
+constexpr uint8_t kAbortCause = 1;
 
 struct P2pFrame {
   uint32_t magic;
@@ -88,6 +92,12 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   // returns true.
   void drive_until_done(const std::function<bool()>& done) { drive_until(done, true); }
 
+  // Sends `cause` (why this rank's communicator gave up) to every peer whose link works, as a
+  // kControl message; returns at once. The first call's cause is the one sent.
+  void announce_abort(const std::string& cause);
+  // The cause `peer` announced, waiting up to `wait` for it to arrive; "" if none came.
+  std::string announced_by(int peer, std::chrono::milliseconds wait);
+
   // Fails every pending op with CommError(why) and stops the thread. Idempotent.
   void close(const std::string& why);
 
@@ -117,6 +127,8 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   void land_locked(int peer, const std::shared_ptr<Op>& op, const P2pFrame& f);
   void hold_locked(int peer, const P2pFrame& f);
   void expire_locked();
+  // Breaks the links to peers known to be dead or gone, and expires ops past their deadline.
+  void check_peers_locked();
   void break_peer_locked(int peer, const std::string& why);
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
   // Spins driving the links until `w` completes or spin_us passes; Work::wait's helper.
@@ -155,6 +167,7 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   std::condition_variable idle_cv_;  // the thread waits here while helpers drive
   bool parked_ = false;              // the thread waits on idle_cv_; guarded by idle_mu_
   bool unhelped_ = false;            // a post or a leaving helper needs the thread; idle_mu_
+  std::string abort_cause_;          // what announce_abort sent; set once, guarded by mu_
   std::thread thread_;
 };
 

@@ -39,6 +39,7 @@ void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) 
   helped_since_park_.store(true, std::memory_order_relaxed);
   const auto spin = std::chrono::microseconds(spin_us_);
   auto idle_since = Clock::now();
+  auto last_check = idle_since;
   // The clock is read every 16 passes: a read costs as much as a pass.
   for (unsigned pass = 1; !done() && !stop_.load(); ++pass) {
     bool moved;
@@ -55,8 +56,13 @@ void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) 
     if (pass % 256 == 0) sched_yield();
     if (pass % 16 == 0 && Clock::now() - idle_since >= spin) {
       if (!to_the_end) break;
-      block();  // the p2p thread stays parked meanwhile
+      block();  // the p2p thread stays parked meanwhile, so this thread checks the peers
       idle_since = Clock::now();
+      if (idle_since - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
+        last_check = idle_since;
+        std::lock_guard<std::mutex> lock(mu_);
+        check_peers_locked();
+      }
     }
   }
   if (helpers_.fetch_sub(1) == 1) {
@@ -100,18 +106,22 @@ void P2pEngine::loop() {
     if (now - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
       last_check = now;
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < peers_.size(); ++i) {
-        Peer& p = peers_[i];
-        if (!p.link || !p.broken.empty()) continue;
-        try {
-          p.link->check_peer();
-        } catch (const std::exception& e) {
-          break_peer_locked(static_cast<int>(i), e.what());
-        }
-      }
-      if (in_flight_ > 0) expire_locked();
+      check_peers_locked();
     }
   }
+}
+
+void P2pEngine::check_peers_locked() {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.link || !p.broken.empty()) continue;
+    try {
+      p.link->check_peer();
+    } catch (const std::exception& e) {
+      break_peer_locked(static_cast<int>(i), e.what());
+    }
+  }
+  if (in_flight_ > 0) expire_locked();
 }
 
 void P2pEngine::park() {

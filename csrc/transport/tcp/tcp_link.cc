@@ -30,8 +30,9 @@ void TcpLink::post_recv(RecvSpec spec) {
 }
 
 void TcpLink::fail(const char* what, int err) {
-  if (err == 0) {
-    PYRING_THROW(CommError, "connection to rank ", peer_, " closed by the peer during ", what);
+  if (err == 0 || err == ECONNRESET || err == EPIPE) {
+    throw PeerLost(peer_, str_cat("connection to rank ", peer_, " ", err ? "reset" : "closed",
+                                  " by the peer during ", what));
   }
   PYRING_THROW(CommError, what, " on the connection to rank ", peer_, " failed: ", strerror(err));
 }
