@@ -266,6 +266,31 @@ def strangers(trials: int) -> dict:
             "all_results_right": all(r["results_right"] for r in rows), "rows": rows}
 
 
+def native_fuzz(runs: int) -> dict:
+    """libFuzzer over the native parsers (tests/fuzz/fuzz_parsers.cc), ASan and UBSan."""
+    import re
+    import subprocess
+    import tempfile
+
+    import test_fuzz_native as tf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = tf.build(tmp)
+        corpus = os.path.join(tmp, "corpus")
+        os.mkdir(corpus)
+        for name, data in tf.seeds().items():
+            with open(os.path.join(corpus, name), "wb") as fh:
+                fh.write(data)
+        start = time.monotonic()
+        proc = subprocess.run([exe, f"-runs={runs}", "-timeout=5", "-rss_limit_mb=2048", corpus],
+                              capture_output=True, text=True, cwd=tmp)
+    done = re.search(r"Done (\d+) runs", proc.stderr)
+    return {"runs": int(done.group(1)) if done else 0, "exit_code": proc.returncode,
+            "crashes": 0 if proc.returncode == 0 else 1,
+            "seconds": round(time.monotonic() - start, 1),
+            "tail": proc.stderr[-1500:] if proc.returncode else ""}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
@@ -276,6 +301,7 @@ def main() -> int:
     ap.add_argument("--topology", default="0,1|2,3", help="the soak's topology (tree included)")
     ap.add_argument("--fuzz-calls", type=int, default=0)
     ap.add_argument("--strangers", type=int, default=0, help="rendezvous trials with strangers")
+    ap.add_argument("--native-fuzz-runs", type=int, default=0, help="libFuzzer inputs (clang++)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
@@ -294,6 +320,11 @@ def main() -> int:
               f"wrong or crashed, {f['hangs']} hangs", flush=True)
         out["fuzz"] = f
         ok &= not f["failures"] and f["calls"] == args.fuzz_calls
+    if args.native_fuzz_runs > 0:
+        nf = native_fuzz(args.native_fuzz_runs)
+        print(f"native fuzz: {nf['runs']} inputs, exit code {nf['exit_code']}", flush=True)
+        out["native_fuzz"] = nf
+        ok &= nf["exit_code"] == 0 and nf["runs"] >= args.native_fuzz_runs
     if args.strangers > 0:
         st = strangers(args.strangers)
         print(f"strangers: {st['trials']} trials, start delayed by at most "

@@ -232,8 +232,8 @@ class Communicator(PointToPoint):
         epoch), ``duration_s`` (None while running), ``state`` ('running', 'completed',
         'failed', 'timed out') and ``error``. Safe to call from any thread while a collective
         runs. The same record goes to stderr the first time a collective fails. Point-to-point
-        messages and the collectives built on them (gather, scatter, all-to-all) are not
-        recorded."""
+        messages (send, recv) are not recorded; gather, scatter and all-to-all are, without
+        an algorithm."""
         return self._c.debug_dump()
 
     def reset_stats(self) -> None:

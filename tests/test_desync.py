@@ -74,6 +74,7 @@ def _recorder(rank, world, store):
     for n in (10, 100_000):
         comm.all_reduce(torch.ones(n))
     comm.broadcast(torch.ones(3), src=1)
+    comm.gather(torch.ones(2), [torch.empty(2) for _ in range(world)] if rank == 0 else None)
     before = comm.debug_dump()
     if rank == 1:
         return before, None
@@ -87,8 +88,8 @@ def _recorder(rank, world, store):
 def test_flight_recorder_records_and_marks_the_failure(capfd):
     res = run_ranks(2, _recorder, timeout=60)
     before, after = res[0]
-    assert [e["kind"] for e in before] == ["all_reduce", "all_reduce", "broadcast"]
-    assert [e["seq"] for e in before] == [1, 2, 3]
+    assert [e["kind"] for e in before] == ["all_reduce", "all_reduce", "broadcast", "gather"]
+    assert [e["seq"] for e in before] == [1, 2, 3, 4]
     assert before[1]["count"] == 100_000 and before[1]["dtype"] == "float32"
     assert before[1]["op"] == "sum" and before[1]["algo"] in pyring.config.ALGOS
     assert before[2]["root"] == 1 and all(e["state"] == "completed" for e in before)
@@ -97,7 +98,7 @@ def test_flight_recorder_records_and_marks_the_failure(capfd):
     assert last["count"] == 7 and last["state"] in ("failed", "timed out"), last
     assert "rank 1" in last["error"], last
     err = capfd.readouterr().err
-    assert "flight recorder of rank 0" in err and "#4 all_reduce count=7" in err, err[-2000:]
+    assert "flight recorder of rank 0" in err and "#5 all_reduce count=7" in err, err[-2000:]
 
 
 def test_flight_recorder_size_is_validated(monkeypatch):

@@ -61,8 +61,7 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
                                   std::vector<int> host_of, bool shm_within_host, int log_level,
                                   const ModelTuple& model, std::shared_ptr<ShmSegment> p2p_segment,
                                   TcpListener* p2p_listener,
-                                  const std::vector<PeerTuple>& p2p_tuples,
-                                  size_t flight_entries) {
+                                  const std::vector<PeerTuple>& p2p_tuples, size_t flight_entries) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -256,8 +255,8 @@ void register_communicator(py::module_& m) {
               d["root"] = e.root >= 0 ? py::object(py::int_(e.root)) : py::object(py::none());
               d["algo"] = e.algo.empty() ? py::object(py::none()) : py::object(py::str(e.algo));
               d["start"] = e.start_s;
-              d["duration_s"] = e.duration_s >= 0 ? py::object(py::float_(e.duration_s))
-                                                  : py::object(py::none());
+              d["duration_s"] =
+                  e.duration_s >= 0 ? py::object(py::float_(e.duration_s)) : py::object(py::none());
               d["state"] = flight_state_name(e.state);
               d["error"] = e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
               out.append(d);

@@ -9,8 +9,7 @@ namespace pyring {
 
 namespace {
 double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 double steady_now() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
