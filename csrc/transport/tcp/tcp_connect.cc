@@ -54,14 +54,25 @@ int connect_to(const TcpPeer& peer, int rank, Deadline deadline) {
   std::string what = str_cat("connecting rank ", rank, " (this process) to rank ", peer.rank,
                              " at ", peer.host, ":", peer.port);
   for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking, so that an address that drops packets costs the deadline, not the
+    // kernel's SYN retries.
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     PYRING_CHECK_ERRNO(fd >= 0, "socket");
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    int err = 0;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int rc;
+      do {
+        rc = poll(&p, 1, deadline.remaining_ms(1000));
+      } while (rc < 0 && errno == EINTR);
+      socklen_t len = sizeof(err);
+      err = rc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
+    }
+    if (err == 0) {
       tune(fd);
-      set_nonblocking(fd);
       return fd;
     }
-    int err = errno;
     close(fd);
     if (deadline.expired()) {
       PYRING_THROW(TimeoutError, "Timed out ", what, ": ", strerror(err));
