@@ -253,7 +253,7 @@ void register_communicator(py::module_& m) {
               d["op"] = e.op >= 0 ? py::object(py::str(op_name(static_cast<ReduceOp>(e.op))))
                                   : py::object(py::none());
               d["root"] = e.root >= 0 ? py::object(py::int_(e.root)) : py::object(py::none());
-              d["algo"] = e.algo.empty() ? py::object(py::none()) : py::object(py::str(e.algo));
+              d["algo"] = *e.algo ? py::object(py::str(e.algo)) : py::object(py::none());
               d["start"] = e.start_s;
               d["duration_s"] =
                   e.duration_s >= 0 ? py::object(py::float_(e.duration_s)) : py::object(py::none());

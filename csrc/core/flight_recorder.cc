@@ -30,43 +30,58 @@ const char* flight_state_name(FlightEntry::State s) {
   return "?";
 }
 
+FlightRecorder::FlightRecorder(size_t capacity)
+    : capacity_(capacity), wall_minus_steady_(wall_now() - steady_now()), ring_(capacity) {}
+
+FlightEntry* FlightRecorder::newest() {
+  return recorded_ == 0 ? nullptr : &ring_[(recorded_ - 1) % capacity_];
+}
+
 void FlightRecorder::begin(uint64_t seq, const CollectiveDesc& desc) {
   if (capacity_ == 0) return;
-  FlightEntry e;
+  const double now = steady_now();
+  std::lock_guard<std::mutex> lock(mu_);
+  FlightEntry& e = ring_[recorded_++ % capacity_];
   e.seq = seq;
   e.name = desc.name;
   e.count = desc.has_data ? desc.count : 0;
   e.dtype = desc.dtype;
   e.op = desc.op;
   e.root = desc.root;
-  e.start_s = wall_now();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.size() == capacity_) entries_.pop_front();
-  entries_.push_back(std::move(e));
-  started_ = steady_now();
+  e.algo = "";
+  e.start_s = now;  // steady until snapshot() converts it
+  e.duration_s = -1;
+  e.state = FlightEntry::kRunning;
+  e.error.clear();
 }
 
 void FlightRecorder::set_algo(const char* algo) {
   if (capacity_ == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!entries_.empty() && entries_.back().state == FlightEntry::kRunning) {
-    entries_.back().algo = algo;
-  }
+  FlightEntry* e = newest();
+  if (e && e->state == FlightEntry::kRunning) e->algo = algo;
 }
 
 void FlightRecorder::end(FlightEntry::State state, const std::string& error) {
   if (capacity_ == 0) return;
+  const double now = steady_now();
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.empty() || entries_.back().state != FlightEntry::kRunning) return;
-  FlightEntry& e = entries_.back();
-  e.state = state;
-  e.duration_s = steady_now() - started_;
-  e.error = error;
+  FlightEntry* e = newest();
+  if (!e || e->state != FlightEntry::kRunning) return;
+  e->state = state;
+  e->duration_s = now - e->start_s;
+  if (!error.empty()) e->error = error;
 }
 
 std::vector<FlightEntry> FlightRecorder::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {entries_.begin(), entries_.end()};
+  std::vector<FlightEntry> out;
+  const uint64_t first = recorded_ > capacity_ ? recorded_ - capacity_ : 0;
+  for (uint64_t i = first; i < recorded_; ++i) {
+    out.push_back(ring_[i % capacity_]);
+    out.back().start_s += wall_minus_steady_;
+  }
+  return out;
 }
 
 std::string FlightRecorder::format() const {
@@ -77,7 +92,7 @@ std::string FlightRecorder::format() const {
     out += str_cat("  #", e.seq, " ", e.name, " count=", e.count, " dtype=", dtype_name(e.dtype));
     if (e.op >= 0) out += str_cat(" op=", op_name(static_cast<ReduceOp>(e.op)));
     if (e.root >= 0) out += str_cat(" root=", e.root);
-    if (!e.algo.empty()) out += str_cat(" algo=", e.algo);
+    if (*e.algo) out += str_cat(" algo=", e.algo);
     out += str_cat(" start=", when, " ", flight_state_name(e.state));
     if (e.duration_s >= 0) out += str_cat(" after ", e.duration_s * 1e3, " ms");
     if (!e.error.empty()) out += str_cat(": ", e.error);

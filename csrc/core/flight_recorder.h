@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,13 +17,13 @@ namespace pyring {
 
 struct FlightEntry {
   enum State { kRunning, kCompleted, kFailed, kTimedOut };
-  uint64_t seq = 0;  // the collective's sequence number on this communicator (1 for the first)
-  std::string name;
+  uint64_t seq = 0;       // the collective's sequence number on this communicator (1 for the first)
+  const char* name = "";  // static storage, as CollectiveDesc::name
   size_t count = 0;
   DType dtype = DType::kFloat32;
   int op = -1;
   int root = -1;
-  std::string algo;        // "" until the selector has chosen
+  const char* algo = "";   // "" until the selector has chosen; static storage
   double start_s = 0;      // wall clock (seconds since the epoch), comparable across hosts
   double duration_s = -1;  // -1 while running
   State state = kRunning;
@@ -34,11 +33,12 @@ const char* flight_state_name(FlightEntry::State s);
 
 class FlightRecorder {
  public:
-  explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
+  explicit FlightRecorder(size_t capacity);
 
-  // Thread-safe. begin/end/set_algo are called by the thread running the collective.
+  // Thread-safe. begin/end/set_algo are called by the thread running the collective; they
+  // allocate nothing (a ring of `capacity` entries) and read the clock once each.
   void begin(uint64_t seq, const CollectiveDesc& desc);
-  void set_algo(const char* algo);
+  void set_algo(const char* algo);  // `algo` has static storage
   void end(FlightEntry::State state, const std::string& error = "");
   std::vector<FlightEntry> snapshot() const;
   // One line per entry, oldest first.
@@ -46,10 +46,13 @@ class FlightRecorder {
   size_t capacity() const { return capacity_; }
 
  private:
+  FlightEntry* newest();  // null when empty; the caller holds mu_
+
   const size_t capacity_;
+  const double wall_minus_steady_;  // converts steady-clock seconds to the wall clock
   mutable std::mutex mu_;
-  std::deque<FlightEntry> entries_;  // guarded by mu_; newest at the back
-  double started_ = 0;               // steady-clock start of the running entry
+  std::vector<FlightEntry> ring_;  // guarded by mu_; entry i of the history at i % capacity_
+  uint64_t recorded_ = 0;          // entries ever begun; guarded by mu_
 };
 
 }  // namespace pyring
