@@ -119,7 +119,7 @@ def _mismatch_without_detail(rank, world, store):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_without_detail_every_rank_reports_the_original_cause(transport):
     """Only ODD's ring neighbours see its header; the others learn the cause relayed by the
-    ranks that gave up (in their shared-memory segments, or announced on the p2p links)."""
+    ranks that gave up, announced on the point-to-point links."""
     res = run_ranks(WORLD, _mismatch_without_detail, env={"PYRING_TRANSPORT": transport},
                     timeout=120)
     for rank, msg in enumerate(res):

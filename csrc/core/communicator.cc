@@ -9,6 +9,12 @@
 
 namespace pyring {
 
+namespace {
+// Joins "rank N gave up on the communicator" to the cause rank N announced, in the errors of
+// the ranks that learn of it; a rank that gives up for such an error relays the cause unchanged.
+constexpr const char* kGaveUpBecause = " gave up on the communicator because: ";
+}  // namespace
+
 const char* link_class_name(LinkClass c) {
   return c == LinkClass::kShm ? "shm" : "tcp";
 }
@@ -124,7 +130,8 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
       give_up(e, prefix());
       rethrow_with_prefix(prefix());
     }
-    CommError relayed(str_cat(e.what(), "; rank ", e.peer(), kGaveUpBecause, cause));
+    std::string because = str_cat("rank ", e.peer(), kGaveUpBecause, cause);
+    CommError relayed(e.gave_up() ? because : str_cat(e.what(), "; ", because));
     give_up(relayed, prefix());
     throw CommError(prefix() + relayed.what());
   } catch (const CommError& e) {
@@ -145,7 +152,7 @@ void Communicator::give_up(const CommError& e, const std::string& prefix) {
                               : str_cat("rank ", rank_, " failed in ", prefix, e.what());
   p2p_->announce_abort(cause);
   for (auto& l : links_) {
-    if (l) l->abort(cause);
+    if (l) l->abort();
   }
   failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix + e.what());
 }

@@ -23,15 +23,19 @@ class CommError : public Error {
   using Error::Error;
 };
 
-// The peer's end of a link went away (closed or reset): the peer died, or gave up for a cause
-// it may have announced on the point-to-point links (P2pEngine::announce_abort).
+// The peer's end of a link went away: it said it gave up (`gave_up`), or its connection closed
+// or reset, because it died or gave up. A peer that gave up announces its cause on the
+// point-to-point links (P2pEngine::announce_abort).
 class PeerLost : public CommError {
  public:
-  PeerLost(int peer, const std::string& what) : CommError(what), peer_(peer) {}
+  PeerLost(int peer, const std::string& what, bool gave_up = false)
+      : CommError(what), peer_(peer), gave_up_(gave_up) {}
   int peer() const { return peer_; }
+  bool gave_up() const { return gave_up_; }
 
  private:
   int peer_;
+  bool gave_up_;
 };
 
 // A deadline passed before the operation completed.

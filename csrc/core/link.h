@@ -18,10 +18,6 @@
 
 namespace pyring {
 
-// Joins "rank N gave up on the communicator" to the cause rank N gave, in the errors of the
-// ranks that learn of it, so that the original cause travels on unchanged.
-constexpr const char* kGaveUpBecause = " gave up on the communicator because: ";
-
 // Receive granularity: pieces handed to on_piece are multiples of kPieceAlign bytes (except the
 // last of a message) when copy_to is null, so that every element type reduces in whole elements.
 constexpr size_t kPieceAlign = 8;
@@ -64,9 +60,9 @@ class Link {
 
   // Throws CommError when the peer is known to have died or given up.
   virtual void check_peer() {}
-  // Tells the peer that this rank gave up because of `why` (the original cause, which a
-  // transport that can carry it hands to the peer's error); later calls on this link fail.
-  virtual void abort(const std::string& why) { (void)why; }
+  // Tells the peer that this rank gave up; later calls on this link fail. The peer's link
+  // throws PeerLost, and the cause travels on the p2p links (P2pEngine::announce_abort).
+  virtual void abort() {}
 
   // Bytes moved over this link since it was created, collective headers included. Readable
   // from any thread while the link is driven.

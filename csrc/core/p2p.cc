@@ -323,7 +323,7 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   if (!p.broken.empty()) return;
   p.broken = why;
   try {
-    p.link->abort(why);
+    p.link->abort();
   } catch (const std::exception&) {
   }
   // The error that broke the link, for the ops it took down.

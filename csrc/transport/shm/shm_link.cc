@@ -146,22 +146,14 @@ std::string ShmLink::pending() const {
 void ShmLink::check_peer() {
   auto* h = theirs_->header();
   if (h->aborted.load(std::memory_order_acquire) != 0) {
-    std::string why(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
-    if (why.empty()) PYRING_THROW(CommError, "rank ", peer_, " gave up on the communicator");
-    PYRING_THROW(CommError, "rank ", peer_, kGaveUpBecause, why);
+    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
   }
   PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
 }
 
-void ShmLink::abort(const std::string& why) {
+void ShmLink::abort() {
   aborted_ = true;
-  auto* h = mine_->header();
-  if (h->aborted.load(std::memory_order_acquire) == 0) {  // the first link to abort writes
-    size_t n = std::min(why.size(), sizeof(h->abort_reason) - 1);
-    std::memcpy(h->abort_reason, why.data(), n);
-    h->abort_reason[n] = '\0';
-  }
-  h->aborted.store(1, std::memory_order_seq_cst);
+  mine_->header()->aborted.store(1, std::memory_order_seq_cst);
   theirs_->header()->sleeping.store(0, std::memory_order_seq_cst);
   futex_wake_all(&theirs_->header()->sleeping);
 }

@@ -26,7 +26,7 @@ class ShmLink : public Link {
   std::string pending() const override;
   std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
   void check_peer() override;
-  void abort(const std::string& why) override;
+  void abort() override;
 
  private:
   struct Send {

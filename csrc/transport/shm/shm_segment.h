@@ -23,10 +23,8 @@ struct SegmentHeader {
   int32_t pid;
   // 1 while this rank's collective thread sleeps on it (futex word); peers reset it and wake.
   alignas(64) std::atomic<uint32_t> sleeping;
-  // Non-zero once this rank gave up on the communicator; abort_reason (NUL-terminated) is
-  // written before it is set and not changed after.
+  // Non-zero once this rank gave up on the communicator.
   alignas(64) std::atomic<uint32_t> aborted;
-  char abort_reason[1024];
 };
 
 struct InboxControl {

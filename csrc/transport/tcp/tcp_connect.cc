@@ -230,9 +230,10 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
           pending.pop_back();
         } else {
           int from = -1;
-          auto verdict = check_hello(
-              c.buf, c.got, secret, c.challenge, rank, [&](int r) { return awaited.count(r) > 0; },
-              &from);
+          auto verdict = check_hello(c.buf, c.got, secret, c.challenge, rank, &from);
+          if (verdict == HelloVerdict::kOk && !awaited.count(from)) {
+            verdict = HelloVerdict::kNotExpected;
+          }
           if (verdict == HelloVerdict::kOk) {
             std::memcpy(&c.hello, c.buf, sizeof(Hello));
             Ack ack = make_ack(secret, c.challenge, c.hello);

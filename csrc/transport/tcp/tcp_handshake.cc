@@ -28,20 +28,6 @@ Digest hello_mac(const std::string& secret, const Challenge& c, int32_t from, in
 }
 }  // namespace
 
-const char* hello_verdict_name(HelloVerdict v) {
-  switch (v) {
-    case HelloVerdict::kOk:
-      return "ok";
-    case HelloVerdict::kGarbage:
-      return "not a pyring hello";
-    case HelloVerdict::kBadMac:
-      return "failed authentication";
-    case HelloVerdict::kNotExpected:
-      return "not expected";
-  }
-  return "?";
-}
-
 void random_nonce(uint8_t* nonce) {
   size_t got = 0;
   while (got < kNonceBytes) {
@@ -74,8 +60,8 @@ Hello make_hello(const std::string& secret, const Challenge& challenge, int from
   return h;
 }
 
-HelloVerdict check_hello_mac(const uint8_t* bytes, size_t n, const std::string& secret,
-                             const Challenge& challenge, int this_rank, int* from_rank) {
+HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
+                         const Challenge& challenge, int this_rank, int* from_rank) {
   if (n != sizeof(Hello)) return HelloVerdict::kGarbage;
   Hello h;
   std::memcpy(&h, bytes, sizeof(h));

@@ -45,7 +45,6 @@ enum class HelloVerdict {
   kBadMac,       // a hello whose MAC fails: another job's secret, or forged
   kNotExpected,  // authentic, but not for this rank or from a rank it does not expect
 };
-const char* hello_verdict_name(HelloVerdict v);
 
 // Fills `nonce` from the kernel's random source.
 void random_nonce(uint8_t* nonce);
@@ -54,25 +53,12 @@ Challenge make_challenge();
 bool check_challenge(const uint8_t* bytes, size_t n);  // magic and version
 Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank);
 // Checks `n` bytes received as a Hello against the Challenge this acceptor sent. `from_rank`
-// is set when the verdict is kOk or kNotExpected; `expected(rank)` says whether a connection
-// from that rank is wanted now.
-template <typename Expected>
+// is set when the verdict is kOk or kNotExpected (addressed to another rank); whether this
+// rank awaits `from_rank` is the caller's to check.
 HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
-                         const Challenge& challenge, int this_rank, Expected expected,
-                         int* from_rank);
-HelloVerdict check_hello_mac(const uint8_t* bytes, size_t n, const std::string& secret,
-                             const Challenge& challenge, int this_rank, int* from_rank);
+                         const Challenge& challenge, int this_rank, int* from_rank);
 Ack make_ack(const std::string& secret, const Challenge& challenge, const Hello& hello);
 bool check_ack(const uint8_t* bytes, size_t n, const std::string& secret,
                const Challenge& challenge, const Hello& hello);
-
-template <typename Expected>
-HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
-                         const Challenge& challenge, int this_rank, Expected expected,
-                         int* from_rank) {
-  HelloVerdict v = check_hello_mac(bytes, n, secret, challenge, this_rank, from_rank);
-  if (v == HelloVerdict::kOk && !expected(*from_rank)) return HelloVerdict::kNotExpected;
-  return v;
-}
 
 }  // namespace pyring

@@ -125,7 +125,7 @@ std::string TcpLink::pending() const {
                  " bytes left to receive");
 }
 
-void TcpLink::abort(const std::string&) {
+void TcpLink::abort() {
   aborted_ = true;
   shutdown(fd_, SHUT_RDWR);
 }

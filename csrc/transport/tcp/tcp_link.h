@@ -24,7 +24,7 @@ class TcpLink : public Link {
   int poll_fd() const override { return fd_; }
   bool wants_write() const override { return !sends_.empty(); }
   void check_peer() override {}
-  void abort(const std::string& why) override;
+  void abort() override;
 
  private:
   struct Send {
