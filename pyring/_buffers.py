@@ -25,6 +25,16 @@ _TORCH_CODES = {}
 if torch is not None:
     _TORCH_CODES = {getattr(torch, n): c for c, n in enumerate(DTYPE_NAMES)}
 _VALID = ", ".join(DTYPE_NAMES)
+# Communicator.fast_all_reduce's arguments: the exact tensor types, dtypes and ops its short
+# path takes (anything else goes through view_of); None without torch.
+fast_call_args: tuple | None = None
+if torch is not None:
+    fast_call_args = (
+        (torch.Tensor, torch.nn.Parameter),
+        _TORCH_CODES,
+        torch.strided,
+        {name: code for code, name in enumerate(_C.OP_NAMES)},
+    )
 
 
 class View(NamedTuple):

@@ -6,7 +6,7 @@ import collections
 from typing import Any
 
 from . import _desync
-from ._buffers import check_same_dtype, overlaps, view_of
+from ._buffers import check_same_dtype, fast_call_args, overlaps, view_of
 from ._p2p import PointToPoint
 from .config import ALGOS
 from .ops import op_code
@@ -42,6 +42,10 @@ class Communicator(PointToPoint):
         # PYRING_DEBUG=DETAIL: collectives agree on their description first (_desync.py);
         # calls made by another collective's implementation (depth > 0) are not checked.
         self._detail = detail
+        # The short path of a synchronous in-place fp32-wire all_reduce of a CPU tensor
+        # (csrc/bindings/fast_call.cc); None where every call must take the general path.
+        self._fast = None if detail or fast_call_args is None else core.fast_all_reduce(
+            *fast_call_args)
         self._desync_seq = 0
         self._desync_depth = 0
         #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
@@ -90,6 +94,9 @@ class Communicator(PointToPoint):
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
         'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
         hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
+        if (out is None and algo is None and not async_op and wire == "fp32"
+                and self._fast is not None and not self._inflight and self._fast(tensor, op)):
+            return None
         code = op_code(op, "all_reduce")
         if algo is None:
             algo_code = -1

@@ -38,11 +38,17 @@ using CommunicatorClass = py::class_<Communicator, CommunicatorPtr>;
 // Adds the point-to-point calls and the collectives built on them to the Communicator class.
 void register_p2p(CommunicatorClass& cls);
 
+// Adds fast_all_reduce, the short path of a synchronous in-place all_reduce (fast_call.cc).
+void register_fast_call(CommunicatorClass& cls);
+
 // Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
 py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                   std::function<void(Deadline)> fn);
 
 // The Python exception instance for a pyring error (GIL held).
 py::object to_python_exception(std::exception_ptr error);
+
+// Sets the Python error matching the C++ exception `error` (GIL held).
+void set_python_error(std::exception_ptr error);
 
 }  // namespace pyring::bindings

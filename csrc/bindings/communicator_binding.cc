@@ -314,6 +314,7 @@ void register_communicator(py::module_& m) {
         return launch(c, async_op, d, [&c](Deadline dl) { ring_barrier(c, dl); });
       });
   register_p2p(cls);
+  register_fast_call(cls);
 }
 
 }  // namespace pyring::bindings

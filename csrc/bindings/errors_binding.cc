@@ -45,6 +45,10 @@ py::object to_python_exception(std::exception_ptr error) {
   return result;
 }
 
+void set_python_error(std::exception_ptr error) {
+  classify(error, [](PyObject* type, const char* msg) { PyErr_SetString(type, msg); });
+}
+
 void register_errors(py::module_& m) {
   g_error = PyErr_NewExceptionWithDoc("pyring._C.Error", "Base of pyring's errors.",
                                       PyExc_Exception, nullptr);
@@ -66,7 +70,7 @@ void register_errors(py::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const Error&) {
-      classify(p, [](PyObject* type, const char* msg) { PyErr_SetString(type, msg); });
+      set_python_error(p);
     }
   });
 }

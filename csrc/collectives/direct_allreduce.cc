@@ -15,6 +15,34 @@
 
 namespace pyring {
 
+namespace {
+
+// Two ranks, accumulating in the dtype itself: each rank sends straight from `in`, receives the
+// peer's input into scratch, and reduces both into `out` as op(rank 1's, rank 0's), the operand
+// order of the general path, so both ranks compute identical bits.
+void two_rank_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
+                        ReduceOp op, Deadline deadline) {
+  const size_t bytes = in.bytes();
+  uint8_t* theirs = comm.scratch(bytes);
+  Link& peer = comm.right();
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, in.dtype, op, in.count);
+  header.post(&peer, &peer, comm.rank());
+  peer.post_send(static_cast<const uint8_t*>(in.data), bytes);
+  RecvSpec spec;
+  spec.bytes = bytes;
+  spec.copy_to = theirs;
+  peer.post_recv(std::move(spec));
+  drive({&peer}, deadline, comm.spin_us());
+  const void* mine = in.data;
+  if (comm.rank() == 0) {
+    reduce_finish(in.dtype, op, theirs, mine, out.data, in.count, 2);
+  } else {
+    reduce_finish(in.dtype, op, mine, theirs, out.data, in.count, 2);
+  }
+}
+
+}  // namespace
+
 void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                       Deadline deadline) {
   const int n = comm.size();
@@ -22,6 +50,7 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   if (nothing_to_exchange(comm, in, out)) return;
   const size_t bytes = in.bytes();
   const DType acc_type = accum_dtype(dtype);
+  if (n == 2 && acc_type == dtype) return two_rank_allreduce(comm, in, out, op, deadline);
   uint8_t* gathered =
       comm.scratch(bytes * static_cast<size_t>(n) + in.count * dtype_size(acc_type));
   uint8_t* acc = gathered + bytes * static_cast<size_t>(n);
