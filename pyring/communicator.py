@@ -13,6 +13,10 @@ from .ops import op_code
 from .work import Work
 
 
+def _never(*args: Any) -> bool:
+    return False
+
+
 class Communicator(PointToPoint):
     """A group of ranks and the links between them. Create it with ``pyring.init``.
 
@@ -43,9 +47,9 @@ class Communicator(PointToPoint):
         # calls made by another collective's implementation (depth > 0) are not checked.
         self._detail = detail
         # The short path of a synchronous in-place fp32-wire all_reduce of a CPU tensor
-        # (csrc/bindings/fast_call.cc); None where every call must take the general path.
-        self._fast = None if detail or fast_call_args is None else core.fast_all_reduce(
-            *fast_call_args)
+        # (csrc/bindings/fast_call.cc); _never where every call must take the general path.
+        self._fast = _never if detail or fast_call_args is None else core.fast_all_reduce(
+            *fast_call_args, self._inflight)
         self._desync_seq = 0
         self._desync_depth = 0
         #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
@@ -94,8 +98,7 @@ class Communicator(PointToPoint):
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
         'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
         hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
-        if (out is None and algo is None and not async_op and wire == "fp32"
-                and self._fast is not None and not self._inflight and self._fast(tensor, op)):
+        if self._fast(tensor, op, async_op, out, algo, wire):
             return None
         code = op_code(op, "all_reduce")
         if algo is None:

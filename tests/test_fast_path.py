@@ -32,7 +32,7 @@ def _same_bits_as_general_path(rank, world, store):
             x = torch.tensor(SPECIAL[rank], dtype=dtype)
             fast = x.clone()
             before = comm.stats()["calls"]
-            assert comm._fast(fast, op) is True
+            assert comm._fast(fast, op, False, None, None, "fp32") is True
             assert sum(comm.stats()["calls"].values()) == sum(before.values()) + 1
             general = torch.empty_like(x)
             comm.all_reduce(x, op=op, out=general)  # out= always takes the general path
@@ -65,10 +65,20 @@ def _declines(rank, world, store):
         "list": [1.0, 2.0],
     }
     sent = comm.stats()["bytes_sent"]
-    taken = {name: comm._fast(obj, "sum") for name, obj in declined.items()}
-    taken["ReduceOp"] = comm._fast(x.clone(), pyring.ReduceOp.SUM)
-    taken["unknown op"] = comm._fast(x.clone(), "median")
+    taken = {name: comm._fast(obj, "sum", False, None, None, "fp32")
+             for name, obj in declined.items()}
+    taken["ReduceOp"] = comm._fast(x.clone(), pyring.ReduceOp.SUM, False, None, None, "fp32")
+    taken["unknown op"] = comm._fast(x.clone(), "median", False, None, None, "fp32")
+    taken["async"] = comm._fast(x.clone(), "sum", True, None, None, "fp32")
+    taken["out"] = comm._fast(x.clone(), "sum", False, x.clone(), None, "fp32")
+    taken["algo"] = comm._fast(x.clone(), "sum", False, None, "ring", "fp32")
+    taken["wire"] = comm._fast(x.clone(), "sum", False, None, None, "fp16")
     assert comm.stats()["bytes_sent"] == sent, "a declined call sent bytes"
+    work = comm.all_reduce(x.clone(), async_op=True)
+    taken["async work queued"] = comm._fast(x.clone(), "sum", False, None, None, "fp32")
+    work.wait()
+    comm.all_reduce(x.clone())  # the general path drops the completed work
+    assert comm._fast(x.clone(), "sum", False, None, None, "fp32") is True
     errors = {}
     for name in ("non-contiguous", "bool", "list"):
         try:

@@ -1,12 +1,14 @@
 // The short call path of a synchronous in-place all_reduce of a CPU torch tensor.
 //
-// Communicator.fast_all_reduce(tensor_types, dtype_codes, strided, op_codes) returns a builtin
-// `f(tensor, op) -> bool`. It reads the tensor's fields through the CPython API (pyring does not
-// link torch) and runs the collective with the GIL released, without pybind11's argument
-// conversion. It returns False, having sent nothing, for anything but a tensor whose exact type
-// is in `tensor_types`, whose dtype is a key of `dtype_codes`, strided, on the CPU and
-// contiguous, with `op` a key of `op_codes`: the caller then takes the general path, which
-// validates and reports. Errors of the collective itself raise as on the general path.
+// Communicator.fast_all_reduce(tensor_types, dtype_codes, strided, op_codes, inflight) returns a
+// builtin `f(tensor, op, async_op, out, algo, wire) -> bool`. It reads the tensor's fields
+// through the CPython API (pyring does not link torch) and runs the collective with the GIL
+// released, without pybind11's argument conversion. It returns False, having sent nothing,
+// unless async_op is False, out and algo are None, wire is 'fp32', `inflight` (the Python
+// communicator's queue of async work) is empty, `op` is a key of `op_codes` and the tensor's
+// exact type is in `tensor_types`, its dtype a key of `dtype_codes`, strided, on the CPU and
+// contiguous: the caller then takes the general path, which validates and reports. Errors of
+// the collective itself raise as on the general path.
 #include <Python.h>
 
 #include "bindings/bindings.h"
@@ -25,6 +27,7 @@ struct FastContext {
   PyObject* dtype_codes;   // dict: torch.dtype -> core dtype code
   PyObject* strided;       // torch.strided
   PyObject* op_codes;      // dict: op name -> core op code
+  PyObject* inflight;      // the Python communicator's deque of queued async work
 };
 
 PyObject* g_dtype = nullptr;
@@ -33,6 +36,7 @@ PyObject* g_is_cpu = nullptr;
 PyObject* g_is_contiguous = nullptr;
 PyObject* g_numel = nullptr;
 PyObject* g_data_ptr = nullptr;
+PyObject* g_fp32 = nullptr;
 
 constexpr const char* kCapsuleName = "pyring.FastContext";
 
@@ -42,6 +46,7 @@ void free_context(FastContext* ctx) {
   Py_XDECREF(ctx->dtype_codes);
   Py_XDECREF(ctx->strided);
   Py_XDECREF(ctx->op_codes);
+  Py_XDECREF(ctx->inflight);
   delete ctx;
 }
 
@@ -83,14 +88,22 @@ bool is_tensor_type(const FastContext& ctx, PyObject* obj) {
 }
 
 PyObject* fast_all_reduce(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "fast all_reduce takes (tensor, op)");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fast all_reduce takes (tensor, op, async_op, out, algo, wire)");
     return nullptr;
   }
   auto* ctx = static_cast<FastContext*>(PyCapsule_GetPointer(capsule, kCapsuleName));
   if (!ctx) return nullptr;
   PyObject* t = args[0];
-  if (!is_tensor_type(*ctx, t)) Py_RETURN_FALSE;
+  if (args[2] != Py_False || args[3] != Py_None || args[4] != Py_None) Py_RETURN_FALSE;
+  if (args[5] != g_fp32 &&
+      !(PyUnicode_CheckExact(args[5]) && PyUnicode_CompareWithASCIIString(args[5], "fp32") == 0)) {
+    Py_RETURN_FALSE;
+  }
+  const Py_ssize_t queued = PyObject_Size(ctx->inflight);
+  if (queued < 0) return nullptr;
+  if (queued > 0 || !is_tensor_type(*ctx, t)) Py_RETURN_FALSE;
   const long op = code_in(ctx->op_codes, args[1]);
   if (op == -2) return nullptr;
   if (op < 0) Py_RETURN_FALSE;
@@ -147,7 +160,8 @@ PyObject* fast_all_reduce(PyObject* capsule, PyObject* const* args, Py_ssize_t n
 }
 
 PyMethodDef g_fast_def = {"fast_all_reduce", reinterpret_cast<PyCFunction>(fast_all_reduce),
-                          METH_FASTCALL, "all_reduce(tensor, op) in place on the short path"};
+                          METH_FASTCALL,
+                          "all_reduce(tensor, op, async_op, out, algo, wire) on the short path"};
 
 PyObject* intern(const char* s) {
   PyObject* o = PyUnicode_InternFromString(s);
@@ -164,15 +178,17 @@ void register_fast_call(CommunicatorClass& cls) {
   g_is_contiguous = intern("is_contiguous");
   g_numel = intern("numel");
   g_data_ptr = intern("data_ptr");
+  g_fp32 = intern("fp32");
   cls.def(
       "fast_all_reduce",
       [](py::object self, py::tuple tensor_types, py::dict dtype_codes, py::object strided,
-         py::dict op_codes) {
+         py::dict op_codes, py::object inflight) {
         auto* ctx = new FastContext{self.ptr(),         &self.cast<Communicator&>(),
                                     tensor_types.ptr(), dtype_codes.ptr(),
-                                    strided.ptr(),      op_codes.ptr()};
-        for (PyObject* o :
-             {ctx->core, ctx->tensor_types, ctx->dtype_codes, ctx->strided, ctx->op_codes}) {
+                                    strided.ptr(),      op_codes.ptr(),
+                                    inflight.ptr()};
+        for (PyObject* o : {ctx->core, ctx->tensor_types, ctx->dtype_codes, ctx->strided,
+                            ctx->op_codes, ctx->inflight}) {
           Py_INCREF(o);
         }
         PyObject* capsule = PyCapsule_New(ctx, kCapsuleName, destroy_context);
@@ -186,8 +202,10 @@ void register_fast_call(CommunicatorClass& cls) {
         return py::reinterpret_steal<py::object>(fn);
       },
       py::arg("tensor_types"), py::arg("dtype_codes"), py::arg("strided"), py::arg("op_codes"),
-      "A builtin f(tensor, op) -> bool: the short path of a synchronous in-place all_reduce "
-      "(csrc/bindings/fast_call.cc); False means 'not handled, nothing sent'.");
+      py::arg("inflight"),
+      "A builtin f(tensor, op, async_op, out, algo, wire) -> bool: the short path of a "
+      "synchronous in-place all_reduce (csrc/bindings/fast_call.cc); False means 'not "
+      "handled, nothing sent'.");
 }
 
 }  // namespace pyring::bindings

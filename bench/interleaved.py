@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""pyring, Open MPI and gloo allreduce in the same processes, taking turns block by block.
+
+    python bench/interleaved.py                      # 2 ranks, 4 KiB, pyring and mpi
+    python bench/interleaved.py --bytes 64M --libs pyring,mpi,gloo --blocks 10 --iters 10
+    PYRING_TRANSPORT=tcp python bench/interleaved.py --bytes 64M --libs pyring,gloo
+
+The machines this runs on move whole runs by 2-5x from one minute to the next, so separate
+runs of each library cannot be compared. Here `mpirun` starts the ranks once; each rank joins
+pyring (a TCPStore on rank 0) and gloo (torch.distributed on the same store) besides MPI, and
+the libraries take turns, block by block, on the same float32 buffer; each round rotates which
+library goes first. Per iteration the buffer is refilled, the library's own barrier runs, and
+one in-place sum allreduce is timed (pyring: comm.all_reduce(tensor); mpi: mpi4py's
+Allreduce(IN_PLACE) on the tensor's numpy view; gloo: dist.all_reduce(tensor)). An
+iteration's time is the slowest rank's; a block's time is the median over its iterations; a
+library's time is the median over its blocks. `ratio` is, per round, the library's block time
+over pyring's (> 1: pyring faster). Every result is checked (rank r contributes r+1).
+PYRING_TRANSPORT applies to pyring. Needs Open MPI and mpi4py (also for a run without
+'mpi': mpirun starts the ranks). Writes bench/results/interleaved_<tag>.json with the
+machine's description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def _iters(nbytes: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(timed, warm-up) iterations per block: --iters up to 1 MiB, fewer above, at least 3."""
+    scale = max(1, nbytes // (1 << 20))
+    return max(3, args.iters // scale), max(1, args.warmup // scale)
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import pyring
+
+    mpi = MPI.COMM_WORLD
+    rank, world = mpi.Get_rank(), mpi.Get_size()
+    store = dist.TCPStore("127.0.0.1", args.port, world, rank == 0,
+                          timeout=timedelta(seconds=120))
+    comm = pyring.init(rank, world, store)
+    torch.set_num_threads(1)
+    if "gloo" in args.libs:
+        dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank,
+                                world_size=world)
+    want = world * (world + 1) / 2
+    clock = time.perf_counter
+    names = args.libs
+    per_size = []
+    for nbytes in args.sizes:
+        t = torch.empty(nbytes // 4, dtype=torch.float32)
+        a = t.numpy()
+        libs = {
+            "pyring": (comm.barrier, lambda t=t: comm.all_reduce(t)),
+            "mpi": (mpi.Barrier, lambda a=a: mpi.Allreduce(MPI.IN_PLACE, a)),
+            "gloo": (dist.barrier, lambda t=t: dist.all_reduce(t)),
+        }
+        iters, warmup = _iters(nbytes, args)
+        blocks: list[tuple[str, list[float]]] = []
+        wrong = {name: 0 for name in names}
+        for b in range(args.blocks * len(names)):
+            r, i = divmod(b, len(names))
+            name = names[(r + i) % len(names)]
+            barrier, call = libs[name]
+            times = []
+            for i in range(warmup + iters):
+                t.fill_(rank + 1)
+                barrier()
+                t0 = clock()
+                call()
+                t1 = clock()
+                if i >= warmup:
+                    times.append(t1 - t0)
+            wrong[name] += int((t != want).sum())
+            blocks.append((name, times))
+        gathered = mpi.gather((blocks, wrong), root=0)
+        if rank == 0:
+            out = []
+            for b, (name, _) in enumerate(blocks):
+                slowest = [max(g[0][b][1][i] for g in gathered) for i in range(iters)]
+                out.append({"lib": name, "median_us": statistics.median(slowest) * 1e6,
+                            "min_us": min(slowest) * 1e6})
+            per_size.append({"bytes": nbytes, "iters": iters, "blocks": out,
+                             "wrong": {n: sum(g[1][n] for g in gathered) for n in names}})
+    comm.close()
+    if "gloo" in names:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(args.result).write_text(json.dumps(per_size))
+    return 0
+
+
+def _sizes(spec: str) -> list[int]:
+    from pyring.config import parse_bytes
+
+    if ".." in spec:
+        lo, hi = (parse_bytes(x, "--bytes") for x in spec.split(".."))
+        sizes = []
+        while lo <= hi:
+            sizes.append(lo)
+            lo *= 2
+    else:
+        sizes = [parse_bytes(x, "--bytes") for x in spec.split(",")]
+    for n in sizes:
+        if n < 4 or n % 4:
+            sys.exit(f"--bytes: every size must be a positive multiple of 4, got {n}")
+    return sizes
+
+
+def _summarize(entry: dict, libs: list[str]) -> dict:
+    blocks, k = entry["blocks"], len(libs)
+    med = {lib: statistics.median(b["median_us"] for b in blocks if b["lib"] == lib)
+           for lib in libs}
+    ratios: dict[str, list[float]] = {lib: [] for lib in libs[1:]}
+    for r in range(0, len(blocks), k):
+        round_ = {b["lib"]: b["median_us"] for b in blocks[r:r + k]}
+        for lib in ratios:
+            ratios[lib].append(round_[lib] / round_["pyring"])
+    return {**entry, "median_us": med,
+            "algbw_GBps": {lib: entry["bytes"] / (us * 1e3) for lib, us in med.items()},
+            "ratio_over_pyring": ratios,
+            "median_ratio": {lib: statistics.median(v) for lib, v in ratios.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--bytes", default="4K",
+                    help="sizes: 4096, 4K,64K, or a range of powers of two 4K..256M")
+    ap.add_argument("--libs", default="pyring,mpi", help="pyring first, then any of mpi, gloo")
+    ap.add_argument("--blocks", type=int, default=20, help="rounds (blocks per library)")
+    ap.add_argument("--iters", type=int, default=500,
+                    help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--tag", default="vm")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.libs = args.libs.split(",")
+    if args.libs[0] != "pyring" or not set(args.libs) <= {"pyring", "mpi", "gloo"} or len(
+            set(args.libs)) != len(args.libs) or len(args.libs) < 2:
+        sys.exit(f"--libs must be pyring followed by mpi and/or gloo, got {','.join(args.libs)}")
+    args.sizes = _sizes(args.bytes)
+    if args.rank:
+        return rank_main(args)
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        sys.exit("interleaved.py needs Open MPI: apt-get install -y openmpi-bin "
+                 "libopenmpi-dev; pip install mpi4py")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = Path(args.out or BENCH / "results" / f"interleaved_{args.tag}.json")
+    raw = result.with_suffix(".raw.json")
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.world),
+           "--bind-to", "none", sys.executable, __file__, "--rank", "--port", str(port),
+           "--result", str(raw), "--bytes", args.bytes, "--blocks", str(args.blocks),
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--libs",
+           ",".join(args.libs)]
+    transport = os.environ.get("PYRING_TRANSPORT", "shm")
+    subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "PYRING_TRANSPORT": transport})
+    sizes = [_summarize(e, args.libs) for e in json.loads(raw.read_text())]
+    raw.unlink()
+    sys.path.insert(0, str(BENCH))
+    from machine import describe
+
+    summary = {"benchmark": "interleaved", "command": sys.argv, "machine": describe(),
+               "world": args.world, "transport": transport, "libs": args.libs,
+               "rounds": args.blocks, "sizes": sizes}
+    result.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"# {args.world} ranks, in-place float32 sum over {transport}, {args.blocks} rounds; "
+          "time = median over rounds of the block's median slowest-rank time")
+    head = f"{'size':>10} " + " ".join(f"{lib + ' us':>12} {'GB/s':>6}" for lib in args.libs)
+    head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in args.libs[1:])
+    print(head)
+    wrong = 0
+    for e in sizes:
+        line = f"{e['bytes']:>10} " + " ".join(
+            f"{e['median_us'][lib]:>12.2f} {e['algbw_GBps'][lib]:>6.2f}" for lib in args.libs)
+        line += " " + " ".join(f"{e['median_ratio'][lib]:>12.2f}" for lib in args.libs[1:])
+        print(line)
+        wrong += sum(e["wrong"].values())
+    print(f"# wrong elements: {wrong}; '/pyring' is the median over rounds of X's time / "
+          f"pyring's (> 1: pyring faster)")
+    print(f"# json: {result}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
