@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 from torch import nn
 
@@ -47,8 +44,10 @@ class Digits:
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> tuple[float, float | None]:
         out = model(self.xv)
-        return (float(nn.functional.cross_entropy(out, self.yv)),
-                float((out.argmax(1) == self.yv).float().mean()))
+        return (
+            float(nn.functional.cross_entropy(out, self.yv)),
+            float((out.argmax(1) == self.yv).float().mean()),
+        )
 
 
 class CharLM:
@@ -56,14 +55,12 @@ class CharLM:
     seq, per_rank = 64, 8
 
     def __init__(self, seed: int) -> None:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
-        sys.path.insert(0, root)
-        import train
+        from _workload import CharGPT, get_batch, load_corpus
 
-        data = train.load_corpus(1 << 20)
+        data = load_corpus(1 << 20)
         cut = int(0.9 * len(data))
         self.train_data, self.val_data = data[:cut], data[cut:]
-        self._gpt, self._get_batch = train.CharGPT, train.get_batch
+        self._gpt, self._get_batch = CharGPT, get_batch
         g = torch.Generator().manual_seed(10_000 + seed)
         starts = torch.randint(0, len(self.val_data) - self.seq - 1, (8, 32), generator=g)
         self.val = [self._get_batch(self.val_data, s, self.seq, "cpu") for s in starts]
@@ -75,8 +72,9 @@ class CharLM:
 
     def batch(self, rank: int, world: int, g: torch.Generator) -> tuple:
         # Every rank draws the same numbers and keeps its own rows: disjoint batches.
-        starts = torch.randint(0, len(self.train_data) - self.seq - 1,
-                               (world, self.per_rank), generator=g)[rank]
+        starts = torch.randint(
+            0, len(self.train_data) - self.seq - 1, (world, self.per_rank), generator=g
+        )[rank]
         return self._get_batch(self.train_data, starts, self.seq, "cpu")
 
     def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:

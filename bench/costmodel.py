@@ -36,7 +36,8 @@ on the tree rows (out of sample).
 Training (weak scaling, per-rank compute t_c(N), backward t_b, overlap o in [0, 1]):
   speedup(N) = N t_c(1) / (t_c(N) + max(0, T_ring(gradient bytes, N) - o t_b)).
 Validation: in-sample and leave-one-point-out error of every allreduce row; other world sizes
-(fit the rest, predict them); scaling.py's speedups (o = 0, its measured compute times).
+(fit the rest, predict them); training.py --mode scaling's speedups (o = 0, its measured
+compute times).
 Writes bench/results/costmodel_<tag>.json (tree predictions under "tree", inter-host fits under
 "inter_host") and a PNG of predicted time and speedup vs ranks.
 """
@@ -171,8 +172,8 @@ def speedup(t1: float, tn: float, comm: float, backward: float, overlap: float, 
 
 
 def validate_scaling(paths: list[str], fits: dict[str, Any]) -> list[dict[str, Any]]:
-    """scaling.py's measured speedups against the model: t_c(1), t_c(N) and the gradient size
-    from the same JSON, the ring time from the method's fitted class on one host, o = 0."""
+    """training.py --mode scaling's speedups against the model: t_c(1), t_c(N) and the gradient
+    size from the same JSON, the ring time from the method's fitted class on one host, o = 0."""
     out = []
     for path in paths:
         doc = json.loads(Path(path).read_text())
@@ -252,7 +253,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fit", nargs="+", default=None, metavar="JSON",
                    help="allreduce results (default: bench/results/allreduce_*.json)")
     p.add_argument("--scaling", nargs="*", default=None, metavar="JSON",
-                   help="scaling.py results to validate (default: bench/results/scaling_*.json)")
+                   help="training.py --mode scaling results to validate "
+                   "(default: bench/results/scaling_*.json)")
     p.add_argument("--mode", choices=("ip", "oop"), default="ip", help="in-place or not")
     p.add_argument("--target", type=float, default=0.25, help="worst in-sample error wanted")
     p.add_argument("--topology", action="append", default=None,
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['world']}: max |error| {100 * c['max_abs_err']:.0f}%")
     sc = validate_scaling(scaling_paths, fits)
     if sc:
-        print("\n# training speedup, measured (scaling.py) vs predicted (o = 0)")
+        print("\n# training speedup, measured (training.py --mode scaling) vs predicted (o = 0)")
         for v in sc:
             print(f"   {v['file']:28s} {v['method']:11s} x{v['ranks']}  measured "
                   f"{v['speedup']:5.2f}  predicted {v['pred']:5.2f}  {pct(v['err'])}  (comm "

@@ -1,32 +1,41 @@
 #!/usr/bin/env python
-"""Training-step benchmark: pyring's optimizer hook vs DDP on the pyring backend vs DDP on
-gloo, side by side, at 1 and 2 local ranks (one torch thread per rank, fixed batch per rank).
+"""Training step time and speedup of every gradient-sync method, in two modes.
 
-    PYTHONPATH=. python bench/training.py                   # ~6 minutes on 2 cores
+    PYTHONPATH=. python bench/training.py                        # --mode step, ~7 min on 2 cores
     PYTHONPATH=. python bench/training.py --rounds 1 --blocks 1 --block 1 --dim 128 --layers 2
+    PYTHONPATH=. python bench/training.py --mode scaling         # 1 and 2 CPU ranks here, < 5 min
+    PYTHONPATH=. python bench/training.py --mode scaling --ranks 1,2,4,8   # one rank per GPU
+    PYTHONPATH=. torchrun --nnodes 4 --nproc-per-node 8 ... bench/training.py --mode scaling --tag c
+    python bench/training.py --mode scaling --merge bench/results/scaling_c1.json \\
+        bench/results/scaling_c_w32.json --tag c
 
-Workload: examples/train.py's CharGPT scaled up (default 5 layers x 512: 16.1 M parameters,
-64.2 MB of float32 gradients), AdamW, random tokens. Methods:
-  pyring      pyring.DistributedOptimizer (25 MiB buckets, gradients as bucket views),
-              synchronize() then step()
-  ddp-pyring  DistributedDataParallel(gradient_as_bucket_view=True) on the "pyring" backend
-              (DDP's 25 MiB buckets)
-  ddp-gloo    the same DDP on gloo
-  ddp-pyring-copy, ddp-gloo-copy: DDP with its defaults (gradients copied into the buckets
-              and back)
-Every round is one job of two freshly spawned ranks (bench/_training_job.py) that interleaves,
-block by block, every method at 2 ranks and at 1 rank (rank 0 alone, rank 1 asleep), the bare
-model without communication at 2 and 1 rank(s), the bare model at 2 ranks meeting once per
-step (lockstep: a 1-element allreduce, no gradients), and one allreduce of the gradients' size
-alone with each library. Interleaving every second or so cancels the shared machine's drift,
-which moves whole runs by 10-40%, so methods are compared side by side in one job. --pin
-binds rank r, with all its threads, to core r (as mpirun's default --bind-to core for 2
-ranks), for every method alike.
-A mode's step = the slowest rank's mean time over its timed iterations, i.e. 1 / throughput.
-The jobs run --rounds times; per-round figures, then their median over rounds, are reported.
-Every rank runs with glibc's heap trimming off (MALLOC_ENV; --default-malloc leaves it on), so
-that freed memory is reused without fresh page faults in every method alike.
-Definitions: printed under the table (DEFINITIONS).
+Both modes time one training step (bench/_train_step.py: examples/train.py's CharGPT on its
+corpus, AdamW, a fixed batch per rank) with each method: pyring (pyring.DistributedOptimizer),
+ddp-pyring, ddp-gloo, ddp-nccl (DistributedDataParallel on that backend, gradients as bucket
+views), ddp-pyring-copy and ddp-gloo-copy (DDP with its defaults); beside them the bare model
+(compute) and one allreduce of the gradients' size alone with each library (alone-LIB).
+
+--mode step (bench/_step_mode.py, bench/_step_report.py): the methods side by side at 1 and 2
+ranks, on the CPU. Every round is one job of two freshly spawned ranks that interleaves, block
+by block, every method at 2 ranks and at 1 rank (rank 0 alone, rank 1 asleep), the bare model
+at 2 and 1 rank(s), the bare model at 2 ranks meeting once per step (lockstep) and alone-LIB.
+Interleaving every second or so cancels the shared machine's drift, which moves whole runs by
+10-40%, so methods are compared within one job. Per-round figures, then their medians over
+--rounds. Default model 5 x 512 (16.1 M parameters, 64 MB of gradients), batch 2 x 64.
+Writes bench/results/training_<tag>.json.
+
+--mode scaling (bench/_scaling_mode.py, bench/_speedup_report.py): speedup against the number
+of ranks (weak scaling), every run (compute xN, alone-LIB xN, METHOD xN) in fresh processes,
+one rank per GPU where there are GPUs (pyring takes CPU tensors only: its methods then fail and
+are reported). The plan runs --repeats times, interleaved, and each run reports its median
+repeat (every repeat's step is kept). Default model 4 x 128 (0.88 M parameters), batch 16 x 128.
+Writes bench/results/scaling_<tag>.json (under torchrun: scaling_<tag>_w<N>.json) and a PNG of
+speedup against ranks with the ideal line.
+
+Every rank runs --threads torch threads, pinned to one core with --pin (as mpirun's default
+--bind-to core), with glibc's heap trimming off (MALLOC_ENV; --default-malloc leaves it on).
+A job or run that fails or outlives --run-limit is killed, reported and skipped; the exit
+status is then 1. The numbers are defined under each table and in the JSON ("definitions").
 """
 
 from __future__ import annotations
@@ -34,255 +43,225 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent / "examples"))
 sys.path.insert(0, str(BENCH_DIR))
 
-import _training_job  # noqa: E402
-import train  # noqa: E402  examples/train.py: model, launcher
-from scaling import failure  # noqa: E402
+import torch  # noqa: E402
+from _train_step import METHODS  # noqa: E402
 
-# Set for every rank of every run unless --default-malloc: glibc then never hands freed heap
-# memory back to the system, so a step's temporaries (AdamW's, autograd's) do not page-fault
-# afresh each step, a cost that otherwise lands on whichever rank's heap happens to be trimmed.
+# Set for every rank unless --default-malloc: glibc then never hands freed heap memory back to
+# the system, so a step's temporaries (AdamW's, autograd's) do not page-fault afresh each step,
+# a cost that otherwise lands on whichever rank's heap happens to be trimmed.
 MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 30), "MALLOC_MMAP_THRESHOLD_": str(4 << 30)}
-METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-pyring-copy", "ddp-gloo-copy")
-GLOO_PEER = {m: "ddp-gloo-copy" if m.endswith("-copy") else "ddp-gloo" for m in METHODS}
-PHASES = ("forward", "backward", "optimizer")
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+MODES = ("step", "scaling")
+# name, type, default in --mode step, in --mode scaling (None: not an option of that mode), help
+OPTIONS = (
+    ("dim", int, 512, 128, "model width"),
+    ("layers", int, 5, 4, "transformer blocks"),
+    ("heads", int, 8, 4, "attention heads"),
+    ("seq", int, 64, 128, "sequence length"),
+    ("batch", int, 2, 16, "sequences per rank per step"),
+    ("threads", int, 1, 1, "torch threads per rank"),
+    ("bucket-mb", float, 25.0, 25.0, "pyring.DistributedOptimizer's bucket size (MiB)"),
+    ("data-mb", float, 4.0, 4.0, "corpus MiB read from the standard library"),
+    ("warmup", int, 1, 3, "untimed blocks per job (step), untimed iterations per run (scaling)"),
+    ("timeout", float, 120.0, 120.0, "collective deadline (s)"),
+    ("run-limit", float, 600.0, 240.0, "a job (step) or run (scaling) is killed after (s)"),
+    ("blocks", int, 6, None, "timed blocks per job"),
+    ("block", int, 3, None, "timed iterations per mode and block (after one untimed)"),
+    ("rounds", int, 3, None, "every job runs this many times; figures are medians over rounds"),
+    ("steps", int, None, 20, "timed steps per run"),
+    (
+        "repeats",
+        int,
+        None,
+        3,
+        "the whole plan runs this often, interleaved; each run reports its median repeat",
+    ),
+    ("comm-iters", int, None, 20, "timed allreduces per alone-LIB run"),
+)
+STEP_METHODS = tuple(m for m in METHODS if m != "ddp-nccl")
+SCALING_METHODS = METHODS[:4] if GPUS >= 2 else METHODS[:3]
 
 
-def _cpu() -> tuple[float, float, float]:
-    """(now, CPU seconds the whole machine was busy, CPU seconds of this process and its
-    reaped children) for measuring the load other processes put on the machine."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    ours = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    return time.perf_counter(), (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), ours
-
-
-def run(methods: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Spawns one job; returns its modes' figures, or {"status": "failed", "error": ...}."""
-    t0, busy0, ours0 = _cpu()
-    try:
-        store = train.launch(_training_job.worker, 2, (methods, cfg), cfg["run_limit"])
-        ranks = [json.loads(store.get(f"result/{r}")) for r in range(2)]
-    except Exception as e:  # reported; the other rounds go on
-        res = failure(e)
-        print(f"  FAILED ({res['error']})", flush=True)
-        return res
-    modes = {}
-    for mode in _training_job.modes_for(methods):
-        runs = [r["modes"][mode] for r in ranks if r["modes"][mode]["times"]]
-        means = [statistics.fmean(r["times"]) for r in runs]
-        slow = runs[means.index(max(means))]  # its phases: medians over its iterations
-        modes[mode] = {"ranks": len(runs), "step_s": max(means), "per_rank_mean_s": means,
-                       "times_per_rank_s": [r["times"] for r in runs],
-                       "phases_median_s": {k: statistics.median(slow[k]) for k in
-                                           ("forward", "backward", "waits", "optimizer")}}
-        if any(any(r["waits"]) for r in runs):
-            modes[mode]["sync_waits_per_rank_s"] = [r["waits"] for r in runs]
-            modes[mode]["sync_wait_median_s"] = statistics.median(
-                max(w) for w in zip(*(r["waits"] for r in runs)))
-    t1, busy1, ours1 = _cpu()
-    out = {"status": "ok", "modes": modes, "params": ranks[0]["params"], "wall_s": t1 - t0,
-           # cores' worth of CPU that other processes used while this job ran (approximate)
-           "foreign_cores": max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0)}
-    for mode, v in modes.items():
-        print(f"  {mode:22s} {v['step_s'] * 1e3:8.1f} ms", flush=True)
-    print(f"  ({out['wall_s']:.0f} s; other processes used {out['foreign_cores']:.2f} cores "
-          "meanwhile)", flush=True)
-    return out
-
-
-def _med(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def per_round(job: dict[str, Any], method: str) -> dict[str, float | None]:
-    """One method's figures from one job."""
-    m = {k: v["step_s"] for k, v in job["modes"].items()}
-    s1, s2, c2 = m[f"{method} x1"], m[f"{method} x2"], m["compute x2"]
-    alone = m["alone-gloo x2" if "gloo" in method else "alone-pyring x2"]
-    exposed = s2 - c2
-    gloo = m.get(f"{GLOO_PEER[method]} x2")
-    lock = m["lockstep x2"]
-    return {"step_1_s": s1, "step_2_s": s2, "compute_1_s": m["compute x1"], "compute_2_s": c2,
-            "compute_scaling": m["compute x1"] / c2, "lockstep_2_s": lock,
-            "lockstep_scaling": m["compute x1"] / lock, "alone_s": alone,
-            "scaling_efficiency": s1 / s2, "exposed_s": exposed,
-            "hidden_fraction": min(1.0, max(0.0, 1 - exposed / alone)),
-            "sync_wait_s": job["modes"][f"{method} x2"].get("sync_wait_median_s"),
-            "ddp_gloo_step_over_this": gloo / s2 if gloo else None,
-            **{f"{k}_2_s": job["modes"][f"{method} x2"]["phases_median_s"][k] for k in PHASES},
-            **{f"{name}_{k}_2_s": job["modes"][f"{name} x2"]["phases_median_s"][k]
-               for name in ("compute", "lockstep") for k in PHASES},
-            "lockstep_sync_2_s": job["modes"]["lockstep x2"]["phases_median_s"]["waits"]}
-
-
-def summarize(jobs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
-    """A row per method: the median over rounds of every per-round figure, and the rounds."""
-    ok = [j for j in jobs if j.get("status") == "ok"]
-    rows = []
-    for method in methods:
-        per = [per_round(j, method) for j in ok]
-        row: dict[str, Any] = {"method": method, "rounds_ok": len(per),
-                               "rounds_failed": len(jobs) - len(per)}
-        for key in (per[0] if per else {}):
-            vals = [p[key] for p in per if p[key] is not None]
-            row[key] = _med(vals)
-            row[key + "_rounds"] = vals
-        rows.append(row)
-    return rows
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.0f}%"
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def print_table(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
-    print(f"\n{cfg['params'] / 1e6:.2f} M parameters = {cfg['params'] * 4 / 1e6:.1f} MB of "
-          f"float32 gradients; batch {cfg['batch']} x seq {cfg['seq']} per rank; 1 thread/rank"
-          f"{'; ranks pinned to cores' if cfg['pin'] else ''}")
-    cols = [("step 1r", "step_1_s", _ms), ("step 2r", "step_2_s", _ms),
-            ("scaling", "scaling_efficiency", _pct), ("vs gloo", "ddp_gloo_step_over_this", _x),
-            ("comp 2r", "compute_2_s", _ms), ("comp sc", "compute_scaling", _pct),
-            ("lock sc", "lockstep_scaling", _pct),
-            ("alone", "alone_s", _ms),
-            ("exposed", "exposed_s", _ms), ("hidden", "hidden_fraction", _pct)]
-    hdr = f"{'method':15s}" + "".join(f"{c:>10s}" for c, _, _ in cols)
-    print(hdr + "\n" + "-" * len(hdr))
-    for r in rows:
-        if not r["rounds_ok"]:
-            print(f"{r['method']:15s} FAILED in every round")
-            continue
-        print(f"{r['method']:15s}" + "".join(f"{f(r.get(k)):>10s}" for _, k, f in cols)
-              + (f"  ({r['rounds_failed']} rounds FAILED)" if r["rounds_failed"] else ""))
-        print(f"{'':15s} scaling per round: "
-              + ", ".join(_pct(e) for e in r["scaling_efficiency_rounds"]))
-        if r.get("sync_wait_s") is not None:
-            print(f"{'':15s} synchronize() waited {_ms(r['sync_wait_s'])} ms per step (median, "
-                  "slowest rank) for allreduces still in flight after backward")
-    ok = [r for r in rows if r["rounds_ok"]]
-    if ok:
-        first = ok[0]
-        print(f"{'bare model':15s} comp sc per round: "
-              + ", ".join(_pct(e) for e in first["compute_scaling_rounds"])
-              + "; lock sc per round: "
-              + ", ".join(_pct(e) for e in first["lockstep_scaling_rounds"]))
-        print(f"\n2 ranks, per phase (ms; the slowest rank's median iteration, median over "
-              f"rounds)\n{'':15s}{'forward':>10s}{'backward':>10s}{'sync':>10s}{'optimizer':>10s}")
-        phase_rows = [("bare model", first, "compute_", None),
-                      ("lockstep", first, "lockstep_", first["lockstep_sync_2_s"])]
-        phase_rows += [(r["method"], r, "", r["sync_wait_s"]) for r in ok]
-        for label, r, pre, sync in phase_rows:
-            print(f"{label:15s}{_ms(r[pre + 'forward_2_s']):>10s}"
-                  f"{_ms(r[pre + 'backward_2_s']):>10s}{_ms(sync):>10s}"
-                  f"{_ms(r[pre + 'optimizer_2_s']):>10s}")
-    print("\n".join(f"{k} = {v}" for k, v in DEFINITIONS.items()))
-
-
-DEFINITIONS = {
-    "step": "the slowest rank's mean time per iteration (zero_grad, forward, backward, [sync], "
-            "AdamW step), i.e. 1 / throughput; median over rounds",
-    "scaling": "step(1 rank) / step(2 ranks) = throughput(2) / (2 x throughput(1)), same job "
-               "(interleaved), per round; median over rounds",
-    "vs gloo": "step(ddp-gloo[-copy], 2 ranks) / step(method, 2 ranks), same job; above 1 is "
-               "faster than DDP on gloo",
-    "comp 2r": "the bare model (no communication) on 2 ranks",
-    "comp sc": "the bare model's scaling, compute(1 rank) / compute(2 ranks): the ceiling "
-               "that sharing the machine's memory and caches leaves to every method",
-    "lock sc": "the bare model's scaling when its ranks meet once per step (one 1-element "
-               "pyring allreduce after backward, no gradients exchanged): compute(1 rank) / "
-               "lockstep(2 ranks), the ceiling that synchronous steps leave to every method, "
-               "however fast its exchange",
-    "alone": "one allreduce of a flat float32 tensor of the gradients' size, 2 ranks, with the "
-             "method's library (pyring's avg for pyring's methods, gloo's sum for DDP on gloo)",
-    "exposed": "step(2 ranks) - comp 2r",
-    "hidden": "1 - exposed / alone, clipped to [0, 1]",
-    "phases": "forward includes zero_grad; DDP waits for its buckets inside backward, pyring's "
-              "optimizer hook in synchronize() (sync)",
-}
-
-
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--layers", type=int, default=5)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
-    p.add_argument("--blocks", type=int, default=6, help="timed blocks per job")
-    p.add_argument("--block", type=int, default=3,
-                   help="timed iterations per mode and block (after one untimed)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed blocks per job")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="every job runs this many times; figures are medians over rounds")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--pin", action="store_true",
-                   help="bind rank r (all its threads) to the r-th usable core")
-    p.add_argument("--timeout", type=float, default=120.0, help="collective deadline (s)")
-    p.add_argument("--run-limit", type=float, default=600.0, help="per job, then killed (s)")
-    p.add_argument("--default-malloc", action="store_true",
-                   help="leave glibc's heap trimming on in the ranks (see MALLOC_ENV)")
+    p.add_argument("--mode", choices=MODES, default="step")
+    p.add_argument(
+        "--methods",
+        help=f"comma-separated, of {', '.join(METHODS)} (default: step "
+        f"{','.join(STEP_METHODS)}; scaling {','.join(SCALING_METHODS)})",
+    )
+    for name, kind, *defaults, what in OPTIONS:  # a mode without a default lacks the option
+        used = ", ".join(f"{m} {v}" for m, v in zip(MODES, defaults) if v is not None)
+        p.add_argument(f"--{name}", type=kind, help=f"{what} (default: {used})")
+    top = GPUS or len(os.sched_getaffinity(0))  # powers of two up to the GPUs (and all) or cores
+    worlds = sorted({1 << k for k in range(top.bit_length())} | ({top} if GPUS else set()))
+    p.add_argument(
+        "--ranks",
+        help="scaling: world sizes to spawn locally (ignored under "
+        f"torchrun; default {','.join(map(str, worlds))})",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="scaling: one table and plot from earlier results",
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="bind each rank (all its threads) to one core: local rank r to the r-th",
+    )
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's heap trimming on in the ranks (see MALLOC_ENV)",
+    )
     p.add_argument("--tag", default=socket.gethostname())
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    methods = [m for m in args.methods.split(",") if m]
-    bad = sorted(set(methods) - set(METHODS))
+    p.add_argument("--out", default=None, help="JSON path (scaling: the PNG beside it)")
+    args = p.parse_args(argv)
+    col = MODES.index(args.mode)
+    for name, _, *defaults, _ in OPTIONS:
+        key = name.replace("-", "_")
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[col])
+        elif defaults[col] is None:
+            p.error(f"--{name} is not an option of --mode {args.mode}")
+        elif isinstance(defaults[col], int) and getattr(args, key) < 1 and key != "warmup":
+            p.error(f"--{name} must be >= 1")
+    if args.mode == "step" and (args.ranks or args.merge):
+        p.error("--ranks and --merge are options of --mode scaling")
+    args.ranks = [int(w) for w in (args.ranks or ",".join(map(str, worlds))).split(",") if w]
+    valid = STEP_METHODS if args.mode == "step" else METHODS
+    args.methods = [
+        m
+        for m in (
+            args.methods or ",".join(STEP_METHODS if args.mode == "step" else SCALING_METHODS)
+        ).split(",")
+        if m
+    ]
+    bad = sorted(set(args.methods) - set(valid))
     if bad:
-        p.error(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
-    for k in ("blocks", "block", "rounds"):
-        if getattr(args, k) < 1:
-            p.error(f"--{k} must be >= 1")
-    cfg = {k: getattr(args, k) for k in ("dim", "layers", "heads", "seq", "batch", "blocks",
-                                         "block", "warmup", "timeout", "run_limit", "pin")}
-    from machine import describe
+        p.error(f"unknown methods {bad} for --mode {args.mode}; valid: {', '.join(valid)}")
+    if args.dim % args.heads:
+        p.error("--dim must be a multiple of --heads")
+    return args
 
-    cfg["malloc_env"] = {} if args.default_malloc else MALLOC_ENV
-    os.environ.update(cfg["malloc_env"])  # the spawned ranks inherit it
 
-    load0 = os.getloadavg()
-    if load0[0] > 1.5:
-        print(f"warning: load average {load0[0]:.2f} at start: timings are not trustworthy")
-    t0 = time.perf_counter()
-    jobs = []
-    for r in range(args.rounds):
-        print(f"round {r + 1}/{args.rounds}", flush=True)
-        jobs.append(run(methods, cfg))
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    """What every rank needs, as written to the JSON's "config"."""
+    col = MODES.index(args.mode)
+    cfg = {
+        n.replace("-", "_"): getattr(args, n.replace("-", "_"))
+        for n, _, *defaults, _ in OPTIONS
+        if defaults[col] is not None
+    }
+    return cfg | {
+        "mode": args.mode,
+        "pin": args.pin,
+        "gpus": GPUS if args.mode == "scaling" else 0,
+        "malloc_env": {} if args.default_malloc else MALLOC_ENV,
+    }
+
+
+def step_mode(args: argparse.Namespace, cfg: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Runs --mode step; (the JSON's mode-specific fields, whether every job ran)."""
+    import _step_mode
+    from _step_report import DEFINITIONS, print_table, summarize
+
+    jobs = _step_mode.run(args.methods, cfg)
     ok = [j for j in jobs if j.get("status") == "ok"]
     cfg["params"] = ok[0]["params"] if ok else 0
-    rows = summarize(jobs, methods)
+    rows = summarize(jobs, args.methods)
     print_table(rows, cfg)
+    doc = {"benchmark": "training", "rounds": jobs, "summary": rows, "definitions": DEFINITIONS}
+    return doc, len(ok) == len(jobs)
+
+
+def scaling_mode(
+    args: argparse.Namespace, cfg: dict[str, Any], out: Path
+) -> tuple[dict[str, Any], bool] | None:
+    """Runs --mode scaling (or merges earlier results); as step_mode, None on a torchrun rank
+    other than 0."""
+    import _scaling_mode as sm
+    from _speedup_report import DEFINITIONS, plot, print_table
+
+    if args.merge:
+        docs = [json.loads(Path(path).read_text()) for path in args.merge]
+        runs, cfg = {k: v for d in docs for k, v in d["runs"].items()}, docs[0]["config"]
+    elif "RANK" in os.environ:  # under torchrun
+        world = int(os.environ["WORLD_SIZE"])
+        runs = sm.run_torchrun(sm.kinds_at(world, args.methods), cfg)
+        if int(os.environ["RANK"]) != 0:
+            return None
+    else:
+        runs = sm.run_local(sorted(set(args.ranks)), args.methods, cfg)
+    cfg["params"] = next((v["params"] for v in runs.values() if v.get("status") == "ok"), 0)
+    rows = sm.summarize(runs, cfg["batch"], METHODS)
+    print_table(rows, cfg)
+    err = plot(
+        rows,
+        out.with_suffix(".png"),
+        f"CharGPT {cfg['params'] / 1e6:.1f} M params, "
+        f"batch {cfg['batch']}/rank, {'GPU' if cfg['gpus'] else 'CPU'}",
+        METHODS,
+    )
+    print(err or f"\nplotted {out.with_suffix('.png')}")
+    doc = {
+        "benchmark": "scaling",
+        "config": cfg,
+        "runs": runs,
+        "summary": rows,
+        "definitions": DEFINITIONS,
+    }
+    return doc, all(v.get("status") == "ok" for v in runs.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    cfg = config(args)
+    os.environ.update(cfg["malloc_env"])  # every rank is spawned from here, and inherits it
     tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.tag)
-    out = Path(args.out) if args.out else BENCH_DIR / "results" / f"training_{tag}.json"
+    torchrun = args.mode == "scaling" and not args.merge and "RANK" in os.environ
+    stem = f"{'training' if args.mode == 'step' else 'scaling'}_{tag}"
+    if torchrun:
+        stem += f"_w{os.environ['WORLD_SIZE']}"
+    out = Path(args.out) if args.out else BENCH_DIR / "results" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "training", "command": sys.argv, "config": cfg, "machine": describe(),
-           "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-           "wall_s": time.perf_counter() - t0, "rounds": jobs, "summary": rows,
-           "definitions": DEFINITIONS}
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    if load0[0] > 1.5 and not (args.merge or torchrun):
+        print(f"warning: load average {load0[0]:.2f} at start: timings are not trustworthy")
+    if args.mode == "step":
+        res = step_mode(args, cfg)
+    else:
+        res = scaling_mode(args, cfg, out)
+        if res is None:
+            return 0
+    from machine import describe
+
+    fields, ok = res
+    doc = {
+        "benchmark": fields.pop("benchmark"),
+        "command": sys.argv,
+        "config": fields.pop("config", cfg),
+        "machine": describe(),
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        **fields,
+    }
     out.write_text(json.dumps(doc, indent=1))
     print(f"\nwrote {out} ({doc['wall_s']:.0f} s)")
-    if len(ok) < len(jobs):
-        sys.exit(1)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
