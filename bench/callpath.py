@@ -197,7 +197,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             counts = [profile(pkg, n, args.bytes, Path(tmp)) for n in (args.calls, 2 * args.calls)]
         row = layers(counts[0], counts[1], args.calls)
-        result["builds"][ref] = {"package": str(pkg), "layers": row, "counts": counts}
+        result["builds"][ref] = {"sha": pkg.parent.name, "package": str(pkg), "layers": row,
+                                 "counts": counts}
         print(f"{ref:>12} " + " ".join(f"{row[c]:>10.0f}" for c in cols), flush=True)
     out = Path(args.out or BENCH / "results" / f"callpath_{args.tag}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -124,3 +124,26 @@ def test_fast_path_raises_pyring_errors():
         name, message = result
         assert name == "CommError"
         assert "count=64" in message and "count=65" in message, message
+
+
+def _direct_large(rank, world, store, transport):
+    import os
+
+    os.environ["PYRING_TRANSPORT"] = transport
+    comm = pyring.init(rank, world, store)
+    gen = [torch.Generator().manual_seed(r) for r in range(world)]
+    inputs = [torch.randn(1 << 22, generator=g) for g in gen]
+    want = inputs[1] + inputs[0]
+    x = inputs[rank].clone()
+    comm.all_reduce(x, algo="direct")  # in place: pieces land while x is still being sent
+    out = torch.empty_like(x)
+    comm.all_reduce(inputs[rank], out=out, algo="direct")
+    comm.close()
+    return torch.equal(x, want), torch.equal(out, want)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_two_rank_direct_in_place_while_sending(transport):
+    for in_place, out_of_place in run_ranks(2, _direct_large, transport):
+        assert in_place, "in-place two-rank direct allreduce of 16 MiB is wrong"
+        assert out_of_place, "out-of-place two-rank direct allreduce of 16 MiB is wrong"

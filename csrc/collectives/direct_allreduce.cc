@@ -3,6 +3,7 @@
 // so results are identical on every rank. Against the ring's 2(size-1) dependent hops this
 // halves the latency; it moves (size-1)/size more bytes, which is why the selector uses it
 // only for small messages.
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/collectives.h"
@@ -17,28 +18,42 @@ namespace pyring {
 
 namespace {
 
-// Two ranks, accumulating in the dtype itself: each rank sends straight from `in`, receives the
-// peer's input into scratch, and reduces both into `out` as op(rank 1's, rank 0's), the operand
-// order of the general path, so both ranks compute identical bits.
+// Two ranks, accumulating in the dtype itself: each rank sends straight from `in` and reduces
+// the peer's pieces into `out` as they land, as op(rank 1's, rank 0's), the operand order of
+// the general path, so both ranks compute identical bits. A piece that lands while `out` is
+// `in` and `in` is still being sent is set aside in scratch and reduced once the send is done.
 void two_rank_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
                         ReduceOp op, Deadline deadline) {
   const size_t bytes = in.bytes();
+  const size_t esize = dtype_size(in.dtype);
   uint8_t* theirs = comm.scratch(bytes);
+  const auto* mine = static_cast<const uint8_t*>(in.data);
+  auto* dst = static_cast<uint8_t*>(out.data);
+  const bool first = comm.rank() == 0;
   Link& peer = comm.right();
+  auto reduce = [&](const uint8_t* from_peer, size_t off, size_t len) {
+    const void* r0 = first ? mine + off : from_peer;
+    const void* r1 = first ? from_peer : mine + off;
+    reduce_finish(in.dtype, op, r1, r0, dst + off, len / esize, 2);
+  };
   HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, in.dtype, op, in.count);
   header.post(&peer, &peer, comm.rank());
-  peer.post_send(static_cast<const uint8_t*>(in.data), bytes);
+  peer.post_send(mine, bytes);
+  size_t set_aside_from = bytes;  // pieces from here on wait in scratch
   RecvSpec spec;
   spec.bytes = bytes;
-  spec.copy_to = theirs;
+  spec.on_piece = [&](const uint8_t* data, size_t off, size_t len) {
+    if (set_aside_from == bytes && !(dst == mine && peer.sending())) {
+      reduce(data, off, len);
+      return;
+    }
+    set_aside_from = std::min(set_aside_from, off);
+    std::memcpy(theirs + off, data, len);
+  };
   peer.post_recv(std::move(spec));
   drive({&peer}, deadline, comm.spin_us());
-  const void* mine = in.data;
-  if (comm.rank() == 0) {
-    reduce_finish(in.dtype, op, theirs, mine, out.data, in.count, 2);
-  } else {
-    reduce_finish(in.dtype, op, mine, theirs, out.data, in.count, 2);
-  }
+  if (set_aside_from < bytes)
+    reduce(theirs + set_aside_from, set_aside_from, bytes - set_aside_from);
 }
 
 }  // namespace

@@ -49,6 +49,8 @@ class Link {
   virtual bool progress() = 0;
   // Nothing is queued in either direction.
   virtual bool idle() const = 0;
+  // Some posted send has bytes not yet handed to the transport (its buffer is still read).
+  virtual bool sending() const = 0;
   // A human-readable account of what is still queued, for timeout messages.
   virtual std::string pending() const = 0;
 

@@ -23,6 +23,7 @@ class ShmLink : public Link {
   void post_recv(RecvSpec spec) override;
   bool progress() override;
   bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  bool sending() const override { return !sends_.empty(); }
   std::string pending() const override;
   std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
   void check_peer() override;

@@ -20,6 +20,7 @@ class TcpLink : public Link {
   void post_recv(RecvSpec spec) override;
   bool progress() override;
   bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  bool sending() const override { return !sends_.empty(); }
   std::string pending() const override;
   int poll_fd() const override { return fd_; }
   bool wants_write() const override { return !sends_.empty(); }
