@@ -15,7 +15,8 @@ Allreduce(IN_PLACE) on the tensor's numpy view; gloo: dist.all_reduce(tensor)). 
 iteration's time is the slowest rank's; a block's time is the median over its iterations; a
 library's time is the median over its blocks. `ratio` is, per round, the library's block time
 over pyring's (> 1: pyring faster). Every result is checked (rank r contributes r+1).
-PYRING_TRANSPORT applies to pyring. Needs Open MPI and mpi4py (also for a run without
+'memcpy' (each rank copies the buffer, both at once) shows the memory system's pace in the
+same rounds. PYRING_TRANSPORT applies to pyring. Needs Open MPI and mpi4py (also for a run without
 'mpi': mpirun starts the ranks). Writes bench/results/interleaved_<tag>.json with the
 machine's description.
 """
@@ -66,10 +67,12 @@ def rank_main(args: argparse.Namespace) -> int:
     for nbytes in args.sizes:
         t = torch.empty(nbytes // 4, dtype=torch.float32)
         a = t.numpy()
+        copy_dst = torch.empty_like(t) if "memcpy" in names else None
         libs = {
             "pyring": (comm.barrier, lambda t=t: comm.all_reduce(t)),
             "mpi": (mpi.Barrier, lambda a=a: mpi.Allreduce(MPI.IN_PLACE, a)),
             "gloo": (dist.barrier, lambda t=t: dist.all_reduce(t)),
+            "memcpy": (mpi.Barrier, lambda t=t, d=copy_dst: d.copy_(t)),
         }
         iters, warmup = _iters(nbytes, args)
         blocks: list[tuple[str, list[float]]] = []
@@ -87,7 +90,8 @@ def rank_main(args: argparse.Namespace) -> int:
                 t1 = clock()
                 if i >= warmup:
                     times.append(t1 - t0)
-            wrong[name] += int((t != want).sum())
+            if name != "memcpy":  # the one entry that leaves the buffer as it is
+                wrong[name] += int((t != want).sum())
             blocks.append((name, times))
         gathered = mpi.gather((blocks, wrong), root=0)
         if rank == 0:
@@ -143,7 +147,9 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--bytes", default="4K",
                     help="sizes: 4096, 4K,64K, or a range of powers of two 4K..256M")
-    ap.add_argument("--libs", default="pyring,mpi", help="pyring first, then any of mpi, gloo")
+    ap.add_argument("--libs", default="pyring,mpi",
+                    help="pyring first, then any of mpi, gloo, memcpy (each rank copies the "
+                         "buffer, both at once: the memory system's pace)")
     ap.add_argument("--blocks", type=int, default=20, help="rounds (blocks per library)")
     ap.add_argument("--iters", type=int, default=500,
                     help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
@@ -155,9 +161,11 @@ def main() -> int:
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.libs = args.libs.split(",")
-    if args.libs[0] != "pyring" or not set(args.libs) <= {"pyring", "mpi", "gloo"} or len(
-            set(args.libs)) != len(args.libs) or len(args.libs) < 2:
-        sys.exit(f"--libs must be pyring followed by mpi and/or gloo, got {','.join(args.libs)}")
+    known = {"pyring", "mpi", "gloo", "memcpy"}
+    if args.libs[0] != "pyring" or not set(args.libs) <= known or len(set(args.libs)) != len(
+            args.libs) or len(args.libs) < 2:
+        sys.exit(f"--libs must be pyring followed by some of mpi, gloo, memcpy, got "
+                 f"{','.join(args.libs)}")
     args.sizes = _sizes(args.bytes)
     if args.rank:
         return rank_main(args)
