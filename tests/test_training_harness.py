@@ -20,7 +20,9 @@ TINY = (
 
 
 def _harness(*args: str, timeout: float) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # pyring comes from the environment the tests run in (an installed or editable build), as
+    # for the tests themselves; the source tree alone holds no built core.
+    env = dict(os.environ)
     res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "training.py"), *TINY, *args],
         cwd=ROOT,
