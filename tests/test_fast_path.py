@@ -69,6 +69,7 @@ def _declines(rank, world, store):
              for name, obj in declined.items()}
     taken["ReduceOp"] = comm._fast(x.clone(), pyring.ReduceOp.SUM, False, None, None, "fp32")
     taken["unknown op"] = comm._fast(x.clone(), "median", False, None, None, "fp32")
+    taken["unhashable op"] = comm._fast(x.clone(), ["sum"], False, None, None, "fp32")
     taken["async"] = comm._fast(x.clone(), "sum", True, None, None, "fp32")
     taken["out"] = comm._fast(x.clone(), "sum", False, x.clone(), None, "fp32")
     taken["algo"] = comm._fast(x.clone(), "sum", False, None, "ring", "fp32")
@@ -90,6 +91,10 @@ def _declines(rank, world, store):
         comm.all_reduce(y.contiguous(), op="median")
     except ValueError as e:
         errors["unknown op"] = str(e)
+    try:
+        comm.all_reduce(y.contiguous(), op=["sum"])
+    except (TypeError, ValueError) as e:
+        errors["unhashable op"] = str(e)
     z = x.clone()
     comm.all_reduce(z, op=pyring.ReduceOp.SUM)  # declined by the short path, run by the general
     comm.close()
@@ -103,6 +108,7 @@ def test_fast_path_declines_and_general_path_reports():
         assert errors["bool"] == "TypeError"
         assert errors["list"] == "TypeError"
         assert "median" in errors["unknown op"]
+        assert "op must be a str" in errors["unhashable op"], errors["unhashable op"]
         assert z == [2.0 * i for i in range(8)]
 
 

@@ -55,10 +55,14 @@ void destroy_context(PyObject* capsule) {
   if (ctx) free_context(ctx);
 }
 
-// The int code `key` maps to in `dict`, -1 when absent; -2 with a Python error set.
+// The int code `key` maps to in `dict`; -1 when absent or unhashable (the general path then
+// reports what is wrong with it).
 long code_in(PyObject* dict, PyObject* key) {
   PyObject* v = PyDict_GetItemWithError(dict, key);
-  if (!v) return PyErr_Occurred() ? -2 : -1;
+  if (!v) {
+    PyErr_Clear();
+    return -1;
+  }
   return PyLong_AsLong(v);
 }
 
@@ -105,13 +109,11 @@ PyObject* fast_all_reduce(PyObject* capsule, PyObject* const* args, Py_ssize_t n
   if (queued < 0) return nullptr;
   if (queued > 0 || !is_tensor_type(*ctx, t)) Py_RETURN_FALSE;
   const long op = code_in(ctx->op_codes, args[1]);
-  if (op == -2) return nullptr;
   if (op < 0) Py_RETURN_FALSE;
   PyObject* dt = PyObject_GetAttr(t, g_dtype);
   if (!dt) return nullptr;
   const long dtype = code_in(ctx->dtype_codes, dt);
   Py_DECREF(dt);
-  if (dtype == -2) return nullptr;
   if (dtype < 0) Py_RETURN_FALSE;
   int ok = attr_is(t, g_layout, ctx->strided);
   if (ok > 0) ok = attr_is(t, g_is_cpu, Py_True);
