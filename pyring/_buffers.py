@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - torch is always present in practice
     torch = None
 
 from . import _C
+from .ops import _FAST as _OP_CODE_OF_NAME
 
 # Names and sizes come from the core (csrc/core/types.h), in code order.
 DTYPE_NAMES: tuple[str, ...] = tuple(_C.DTYPE_NAMES)
@@ -33,7 +34,7 @@ if torch is not None:
         (torch.Tensor, torch.nn.Parameter),
         _TORCH_CODES,
         torch.strided,
-        {name: code for code, name in enumerate(_C.OP_NAMES)},
+        _OP_CODE_OF_NAME,
     )
 
 

@@ -41,6 +41,9 @@ void register_p2p(CommunicatorClass& cls);
 // Adds fast_all_reduce, the short path of a synchronous in-place all_reduce (fast_call.cc).
 void register_fast_call(CommunicatorClass& cls);
 
+// The description of a collective `name` over `v` (op and root -1 where they do not apply).
+CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int root = -1);
+
 // Runs `fn` now (returns None) or queues it (returns the Work), with the GIL released.
 py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                   std::function<void(Deadline)> fn);

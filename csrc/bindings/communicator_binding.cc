@@ -112,7 +112,9 @@ Algo call_algo(Communicator& c, int algo) {
   return algo < 0 ? c.options().algo : algo_from_int(algo);
 }
 
-CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int root = -1) {
+}  // namespace
+
+CollectiveDesc desc_of(const char* name, const BufferView& v, int op, int root) {
   CollectiveDesc d;
   d.name = name;
   d.count = v.count;
@@ -121,8 +123,6 @@ CollectiveDesc desc_of(const char* name, const BufferView& v, int op = -1, int r
   d.root = root;
   return d;
 }
-
-}  // namespace
 
 py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                   std::function<void(Deadline)> fn) {

@@ -140,11 +140,7 @@ PyObject* fast_all_reduce(PyObject* capsule, PyObject* const* args, Py_ssize_t n
   const BufferView view{ptr, count, dtype_from_int(static_cast<int>(dtype))};
   const ReduceOp rop = op_from_int(static_cast<int>(op));
   const Algo algo = comm.options().algo;
-  CollectiveDesc desc;
-  desc.name = "all_reduce";
-  desc.count = count;
-  desc.dtype = view.dtype;
-  desc.op = static_cast<int>(op);
+  const CollectiveDesc desc = desc_of("all_reduce", view, static_cast<int>(op));
   std::exception_ptr error;
   Py_BEGIN_ALLOW_THREADS;
   try {
