@@ -17,6 +17,7 @@ DEFAULT_SEGMENT_BYTES = 256 * 1024
 TRANSPORTS = ("auto", "shm", "tcp")
 ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
+SHM_COPIES: tuple[str, ...] = tuple(_C.SHM_COPY_NAMES)  # index = the core's code
 DEFAULT_FLIGHT_ENTRIES = 256
 # The selector's alpha-beta figures (csrc/core/communicator.h Options): per link class,
 # latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate (GB/s).
@@ -39,6 +40,8 @@ class Config:
     single_copy_bytes: int = _C.DEFAULT_SINGLE_COPY_BYTES
     # collectives the flight recorder keeps (Communicator.debug_dump); 0: none
     flight_entries: int = DEFAULT_FLIGHT_ENTRIES
+    # how sends are copied into a peer's shm slots: "auto" (measured), "cached", "streaming"
+    shm_copy: str = "auto"
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -159,5 +162,6 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     if not flight.isdigit():
         raise ValueError(f"PYRING_FLIGHT_RECORDER={flight!r} is not valid (valid: a count of "
                          f"collectives to keep, 0 for none)")
+    shm_copy = _choice("PYRING_SHM_COPY", env.get("PYRING_SHM_COPY", "auto"), SHM_COPIES)
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
-                  topology, topology_source, model, given, single_bytes, int(flight))
+                  topology, topology_source, model, given, single_bytes, int(flight), shm_copy)

@@ -70,17 +70,21 @@ class Link {
   // from any thread while the link is driven.
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  // Of bytes_sent, those copied to the peer with non-temporal stores (shm; see SlotCopier).
+  uint64_t bytes_streamed() const { return bytes_streamed_.load(std::memory_order_relaxed); }
 
  protected:
   // Called by the driving thread as bytes leave or arrive.
   void count_sent(size_t n) { bytes_sent_.fetch_add(n, std::memory_order_relaxed); }
   void count_received(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+  void count_streamed(size_t n) { bytes_streamed_.fetch_add(n, std::memory_order_relaxed); }
 
   int peer_;
 
  private:
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_streamed_{0};
 };
 
 }  // namespace pyring

@@ -26,7 +26,7 @@ Links make_links(const LinkSetup& setup, const std::vector<PeerSpec>& peers, Dea
       auto seg = ShmSegment::attach(p.shm_name, setup.local_world, h->nslots, h->slot_bytes);
       segments->push_back(seg);
       out.by_rank[static_cast<size_t>(p.rank)] = std::make_unique<ShmLink>(
-          p.rank, setup.local_index, p.local_index, setup.own_segment, seg);
+          p.rank, setup.local_index, p.local_index, setup.own_segment, seg, setup.shm_copy);
     } else if (p.transport == TransportKind::kTcp) {
       tcp_peers.push_back(TcpPeer{p.rank, p.host, p.port});
     }

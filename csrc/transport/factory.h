@@ -7,6 +7,7 @@
 
 #include "core/link.h"
 #include "core/types.h"
+#include "transport/shm/stream_copy.h"
 
 namespace pyring {
 
@@ -33,6 +34,7 @@ struct LinkSetup {
   TcpListener* listener = nullptr;          // required when any peer uses tcp
   std::string secret;
   size_t segment_bytes = 0;
+  ShmCopy shm_copy = ShmCopy::kAuto;
   int log_level = 0;  // >= 1: report connections dropped during the tcp rendezvous
 };
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "transport/shm/stream_copy.h"
 
 namespace pyring {
 
@@ -36,7 +37,7 @@ bool process_alive(int pid) {
 }
 
 ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
-                 std::shared_ptr<ShmSegment> theirs)
+                 std::shared_ptr<ShmSegment> theirs, ShmCopy copy)
     : Link(peer),
       mine_(std::move(mine)),
       theirs_(std::move(theirs)),
@@ -45,7 +46,8 @@ ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
       my_local_(my_local),
       peer_local_(peer_local),
       nslots_(mine_->header()->nslots),
-      slot_bytes_(mine_->header()->slot_bytes) {}
+      slot_bytes_(mine_->header()->slot_bytes),
+      copier_(copy) {}
 
 void ShmLink::post_send(const uint8_t* data, size_t bytes) {
   if (bytes > 0) sends_.push_back({data, bytes, 0});
@@ -77,12 +79,13 @@ bool ShmLink::progress_send() {
     do {
       Send& s = sends_.front();
       size_t n = std::min<size_t>(slot_bytes_ - fill, s.bytes - s.done);
-      std::memcpy(dst + fill, s.data + s.done, n);
+      if (copier_.copy(dst + fill, s.data + s.done, n)) count_streamed(n);
       fill += n;
       s.done += n;
       if (s.done < s.bytes) break;
       sends_.pop_front();
     } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < slot_bytes_);
+    SlotCopier::fence();
     out_->lens[slot] = fill;
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);

@@ -10,13 +10,14 @@
 
 #include "core/link.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/shm/stream_copy.h"
 
 namespace pyring {
 
 class ShmLink : public Link {
  public:
   ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
-          std::shared_ptr<ShmSegment> theirs);
+          std::shared_ptr<ShmSegment> theirs, ShmCopy copy);
 
   const char* kind() const override { return "shm"; }
   void post_send(const uint8_t* data, size_t bytes) override;
@@ -56,6 +57,7 @@ class ShmLink : public Link {
   uint64_t tail_ = 0;       // next slot to read from the peer
   uint64_t head_seen_ = 0;  // last observed peer head
   size_t slot_offset_ = 0;  // bytes of slot tail_ already consumed
+  SlotCopier copier_;
   std::deque<Send> sends_;
   std::deque<Recv> recvs_;
   bool aborted_ = false;
