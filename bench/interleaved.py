@@ -77,6 +77,7 @@ def rank_main(args: argparse.Namespace) -> int:
         iters, warmup = _iters(nbytes, args)
         blocks: list[tuple[str, list[float]]] = []
         wrong = {name: 0 for name in names}
+        comm.reset_stats()
         for b in range(args.blocks * len(names)):
             r, i = divmod(b, len(names))
             name = names[(r + i) % len(names)]
@@ -93,7 +94,10 @@ def rank_main(args: argparse.Namespace) -> int:
             if name != "memcpy":  # the one entry that leaves the buffer as it is
                 wrong[name] += int((t != want).sum())
             blocks.append((name, times))
-        gathered = mpi.gather((blocks, wrong), root=0)
+        sent = comm.stats()["links"].values()
+        streamed = (sum(v.get("bytes_streamed", 0) for v in sent)
+                    / max(1, sum(v["bytes_sent"] for v in sent)))
+        gathered = mpi.gather((blocks, wrong, streamed), root=0)
         if rank == 0:
             out = []
             for b, (name, _) in enumerate(blocks):
@@ -101,6 +105,7 @@ def rank_main(args: argparse.Namespace) -> int:
                 out.append({"lib": name, "median_us": statistics.median(slowest) * 1e6,
                             "min_us": min(slowest) * 1e6})
             per_size.append({"bytes": nbytes, "iters": iters, "blocks": out,
+                             "pyring_streamed_fraction": [g[2] for g in gathered],
                              "wrong": {n: sum(g[1][n] for g in gathered) for n in names}})
     comm.close()
     if "gloo" in names:
@@ -197,17 +202,20 @@ def main() -> int:
     print(f"# {args.world} ranks, in-place float32 sum over {transport}, {args.blocks} rounds; "
           "time = median over rounds of the block's median slowest-rank time")
     head = f"{'size':>10} " + " ".join(f"{lib + ' us':>12} {'GB/s':>6}" for lib in args.libs)
-    head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in args.libs[1:])
+    head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in args.libs[1:]) + "  streamed"
+
     print(head)
     wrong = 0
     for e in sizes:
         line = f"{e['bytes']:>10} " + " ".join(
             f"{e['median_us'][lib]:>12.2f} {e['algbw_GBps'][lib]:>6.2f}" for lib in args.libs)
         line += " " + " ".join(f"{e['median_ratio'][lib]:>12.2f}" for lib in args.libs[1:])
+        line += f"  {max(e['pyring_streamed_fraction']):>8.2f}"
         print(line)
         wrong += sum(e["wrong"].values())
     print(f"# wrong elements: {wrong}; '/pyring' is the median over rounds of X's time / "
-          f"pyring's (> 1: pyring faster)")
+          f"pyring's (> 1: pyring faster); streamed: the largest fraction of a rank's bytes "
+          f"that pyring copied into shm slots with non-temporal stores (PYRING_SHM_COPY)")
     print(f"# json: {result}")
     return 1 if wrong else 0
 
