@@ -2,13 +2,17 @@
 
     python bench/loopback.py                      # 64 MiB, 15 rounds
     python bench/loopback.py --bytes 16M --rounds 30
+    python bench/loopback.py --variants           # also bench/tcp_streams.c's variants
 
 A 2-rank allreduce of S bytes must move S bytes each way between the ranks (ring or direct
 alike). Each round, the same two processes time, one after another: a bare exchange of S bytes
 each way on one TCP connection over loopback (a sender thread and a receiving thread per
 process, no reduction: the most any allreduce over tcp could do here), pyring's allreduce
 (PYRING_TRANSPORT=tcp) and gloo's, in place, float32 sum. Rows are the median over rounds of
-the slower rank. Writes bench/results/loopback_<tag>.json with the machine's description.
+the slower rank. With --variants it then builds and runs bench/tcp_streams.c (needs a C
+compiler): the same bare exchange over 1, 2 and 4 connections with a thread each, and with
+vmsplice + splice sends, rounds taken in turn. Writes bench/results/loopback_<tag>.json with
+the machine's description.
 """
 
 from __future__ import annotations
@@ -96,6 +100,20 @@ def _rank(rank: int, port: int, nbytes: int, rounds: int, q: Any) -> None:
     sock.close()
 
 
+def _variants(nbytes: int, rounds: int) -> list[dict]:
+    """Builds and runs tcp_streams.c with the same size (whole MiB) and rounds."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "tcp_streams")
+        subprocess.run(["cc", "-O2", "-pthread", os.path.join(HERE, "tcp_streams.c"), "-o", exe],
+                       check=True)
+        out = subprocess.run([exe, str(max(1, nbytes >> 20)), str(min(rounds, 64))], check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def main() -> int:
     import torch.distributed as dist
     from machine import describe
@@ -104,6 +122,8 @@ def main() -> int:
     ap.add_argument("--bytes", default="64M")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tag", default="vm")
+    ap.add_argument("--variants", action="store_true",
+                    help="also run bench/tcp_streams.c (streams, vmsplice)")
     args = ap.parse_args()
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     nbytes = int(args.bytes[:-1]) * scale[args.bytes[-1]] if args.bytes[-1] in scale \
@@ -132,10 +152,18 @@ def main() -> int:
           f"bare exchange vs gloo {rows['gloo']['median_s'] / rows['bare']['median_s']:.2f}x; "
           f"pyring at {rows['bare']['median_s'] / rows['pyring']['median_s']:.0%} of the bare "
           f"exchange's rate")
+    variants = _variants(nbytes, args.rounds) if args.variants else []
+    if variants:
+        print("# tcp_streams.c, a separate run: compare its variants with each other only")
+    for v in variants:
+        print(f"{v['variant']:>9} x{v['streams']}  {v['mean_ms']:8.2f} ms mean, "
+              f"{v['best_ms']:.2f} best ({variants[0]['mean_ms'] / v['mean_ms']:.2f}x the rate "
+              f"of one stream's send/recv)")
     path = os.path.join(HERE, "results", f"loopback_{args.tag}.json")
     with open(path, "w") as fh:
         json.dump({"machine": describe(), "command": " ".join(sys.argv), "bytes": nbytes,
-                   "rounds": args.rounds, "rows": rows, "per_rank": got}, fh, indent=1)
+                   "rounds": args.rounds, "rows": rows, "per_rank": got,
+                   "variants": variants}, fh, indent=1)
     print(f"wrote {path}")
     return 0
 
