@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace pyring {
 
@@ -29,11 +30,18 @@ class SlotCopier {
 
   explicit SlotCopier(ShmCopy mode) : mode_(mode) {}
   // Returns true when the copy used non-temporal stores.
-  bool copy(uint8_t* dst, const uint8_t* src, size_t n);
+  bool copy(uint8_t* dst, const uint8_t* src, size_t n) {
+    if (n < kMinBytes) {
+      std::memcpy(dst, src, n);
+      return false;
+    }
+    return copy_large(dst, src, n);
+  }
   // Orders the copies before it ahead of the stores after it (the publication of the slot).
   static void fence();
 
  private:
+  bool copy_large(uint8_t* dst, const uint8_t* src, size_t n);
   bool pick_streaming();
 
   ShmCopy mode_;
