@@ -90,7 +90,7 @@ bool ShmLink::progress_send() {
       sends_.pop_front();
     } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < slot_bytes_);
     if (streamed) SlotCopier::fence();
-    out_->lens[slot] = fill;
+    out_->lens[slot] = static_cast<uint32_t>(fill);
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);
     wake_peer();

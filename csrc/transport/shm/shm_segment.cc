@@ -12,7 +12,7 @@
 namespace pyring {
 
 namespace {
-constexpr uint64_t kMagic = 0x7079726e67736d31ULL;  // "pyrngsm1"
+constexpr uint64_t kMagic = 0x7079726e67736d32ULL;  // "pyrngsm2"
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) {
@@ -54,8 +54,8 @@ std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
                                                uint32_t nslots, uint64_t slot_bytes) {
   PYRING_CHECK_ARG(nslots >= 2 && nslots <= kMaxSlots, "shm slot count ", nslots,
                    " out of range [2, ", kMaxSlots, "]");
-  PYRING_CHECK_ARG(slot_bytes >= 8 && slot_bytes % 8 == 0, "shm slot size ", slot_bytes,
-                   " must be a positive multiple of 8");
+  PYRING_CHECK_ARG(slot_bytes >= 8 && slot_bytes % 8 == 0 && slot_bytes <= UINT32_MAX,
+                   "shm slot size ", slot_bytes, " must be a positive multiple of 8 below 4 GiB");
   size_t size = size_for(local_world, nslots, slot_bytes);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   PYRING_CHECK_ERRNO(fd >= 0, "shm_open(", name, ") failed");

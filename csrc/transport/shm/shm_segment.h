@@ -27,10 +27,12 @@ struct SegmentHeader {
   alignas(64) std::atomic<uint32_t> aborted;
 };
 
+// The lengths of the first 14 slots share head's cache line, so a receiver that sees a new
+// head has the slot's length without another transfer between cores.
 struct InboxControl {
   alignas(64) std::atomic<uint64_t> head;  // slots published by the sender
+  uint32_t lens[kMaxSlots];                // bytes used in each slot, written before head
   alignas(64) std::atomic<uint64_t> tail;  // slots released by the receiver
-  alignas(64) uint64_t lens[kMaxSlots];    // bytes used in each slot, written before head
 };
 
 class ShmSegment {
