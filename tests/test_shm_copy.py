@@ -10,7 +10,7 @@ from multiproc import run_ranks
 
 import pyring
 
-MIN_STREAMED = 64 * 1024  # SlotCopier::kMinBytes
+MIN_STREAMED = 128 * 1024  # SlotCopier::kMinBytes
 
 
 def _expected(n: int, world: int, salt: int) -> torch.Tensor:
@@ -50,8 +50,8 @@ def test_every_copy_method_delivers_the_same_bytes(monkeypatch, mode, world, alg
             if mode == "cached":
                 assert streamed == 0, where
             elif mode == "streaming":
-                # Every slot's worth of a large message streams; headers and short tails do not.
-                assert sent - 2 * MIN_STREAMED < streamed < sent, where
+                # Pieces of MIN_STREAMED and more stream; headers and short tails do not.
+                assert sent / 2 < streamed < sent, where
             else:
                 # auto measures both methods before it chooses.
                 assert 0 < streamed < sent, where

@@ -76,20 +76,15 @@ bool ShmLink::progress_send() {
     // Small messages share a slot (a header and the data behind it), starting at multiples of
     // kPieceAlign so that every message's pieces stay whole elements.
     size_t fill = 0;
-    bool streamed = false;
     do {
       Send& s = sends_.front();
       size_t n = std::min<size_t>(slot_bytes_ - fill, s.bytes - s.done);
-      if (copier_.copy(dst + fill, s.data + s.done, n)) {
-        count_streamed(n);
-        streamed = true;
-      }
+      if (copier_.copy(dst + fill, s.data + s.done, n)) count_streamed(n);
       fill += n;
       s.done += n;
       if (s.done < s.bytes) break;
       sends_.pop_front();
     } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < slot_bytes_);
-    if (streamed) SlotCopier::fence();
     out_->lens[slot] = static_cast<uint32_t>(fill);
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);

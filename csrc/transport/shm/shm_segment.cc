@@ -66,7 +66,7 @@ std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
     PYRING_THROW(CommError, "ftruncate(", name, ", ", size, " bytes) failed: ", strerror(err),
                  " (is /dev/shm large enough?)");
   }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   if (base == MAP_FAILED) {
@@ -96,7 +96,7 @@ std::shared_ptr<ShmSegment> ShmSegment::attach(const std::string& name, uint32_t
     PYRING_THROW(CommError, "shared-memory segment ", name, " has ", st.st_size,
                  " bytes, expected ", size, " (peers disagree on segment_bytes or local world)");
   }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   PYRING_CHECK(base != MAP_FAILED, CommError, "mmap(", name, ") failed: ", strerror(err));

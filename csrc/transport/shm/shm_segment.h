@@ -3,6 +3,7 @@
 // Inbox i of rank r's segment carries bytes from local rank i to rank r as a ring of slots;
 // the sender owns `head` and the slot contents, the receiver owns `tail`. The segment is
 // created 0600 by its rank, attached by its local peers, and unlinked as soon as they all have.
+// Both map it populated, so that no collective takes the page faults of a first write.
 #pragma once
 
 #include <atomic>

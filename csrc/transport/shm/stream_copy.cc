@@ -46,11 +46,19 @@ const char* shm_copy_name(ShmCopy c) {
   return "?";
 }
 
+uint64_t SlotCopier::Samples::median() const {
+  uint64_t sorted[kSamples];
+  std::copy(ticks, ticks + kSamples, sorted);
+  std::nth_element(sorted, sorted + kSamples / 2, sorted + kSamples);
+  return sorted[kSamples / 2];
+}
+
 bool SlotCopier::pick_streaming() {
   if (mode_ != ShmCopy::kAuto) return mode_ == ShmCopy::kStreaming;
-  if (cost_[0] == 0 || cost_[1] == 0) return cost_[0] != 0;
-  bool streaming = cost_[1] * 2 < cost_[0];
-  if (++count_ % kExploreEvery == 0) streaming = !streaming;
+  ++count_;
+  if (cost_[1].n < kSamples) return count_ % 2 == 0;
+  bool streaming = cost_[1].median() * 2 < cost_[0].median();
+  if (count_ % kExploreEvery == 0) streaming = !streaming;
   return streaming;
 }
 
@@ -60,24 +68,16 @@ bool SlotCopier::copy_large(uint8_t* dst, const uint8_t* src, size_t n) {
   const uint64_t t0 = __rdtsc();
   if (streaming) {
     copy_nontemporal(dst, src, n);
+    _mm_sfence();
   } else {
     std::memcpy(dst, src, n);
   }
-  uint64_t per_kib = (__rdtsc() - t0) * 1024 / n + 1;
-  uint64_t& c = cost_[streaming];
-  // A copy the scheduler interrupted moves the average by at most 3/8 of itself.
-  if (c != 0) per_kib = std::min(per_kib, 4 * c);
-  c = c == 0 ? per_kib : c - c / 8 + per_kib / 8;
+  Samples& s = cost_[streaming];
+  s.ticks[s.n++ % kSamples] = (__rdtsc() - t0) * 1024 / n;
   return streaming;
 #else
   std::memcpy(dst, src, n);
   return false;
-#endif
-}
-
-void SlotCopier::fence() {
-#if defined(__x86_64__)
-  _mm_sfence();
 #endif
 }
 

@@ -19,17 +19,23 @@ const char* shm_copy_name(ShmCopy c);
 // (the slot stays in cache for the reader). When it does not (a virtual machine whose vCPUs the
 // host has put on different core complexes), every cached store must first take the line back
 // from the reader's cache across the fabric, and memcpy runs several times slower than
-// non-temporal stores. The placement can change while a job runs, so kAuto measures: each
-// method's cost per byte is a running average of timed copies; streaming is used while it
-// costs less than half of memcpy, and the method not in use is retried every kExploreEvery-th
-// copy. Copies below kMinBytes, and every copy off x86-64, use memcpy.
+// non-temporal stores. The placement can change while a job runs, so kAuto measures: the
+// first 2 * kSamples copies alternate between the methods, then each method's cost per byte is
+// the median of its last kSamples timed copies (so a copy the scheduler interrupted does not
+// count; a streaming copy is timed up to its store fence, when its lines have left for
+// memory), streaming is used while it costs less than half of memcpy (the writer's clock does
+// not see that the reader then reads from memory rather than from a cache), and the method not
+// in use is retried every kExploreEvery-th copy. Copies below kMinBytes, and every copy off
+// x86-64, use memcpy.
 class SlotCopier {
  public:
-  static constexpr size_t kMinBytes = 64 * 1024;
+  static constexpr size_t kMinBytes = 128 * 1024;
   static constexpr uint32_t kExploreEvery = 64;
+  static constexpr uint32_t kSamples = 5;
 
   explicit SlotCopier(ShmCopy mode) : mode_(mode) {}
-  // Returns true when the copy used non-temporal stores.
+  // Returns true when the copy used non-temporal stores. Either way, the copied bytes are
+  // ordered before every store that follows (the publication of the slot).
   bool copy(uint8_t* dst, const uint8_t* src, size_t n) {
     if (n < kMinBytes) {
       std::memcpy(dst, src, n);
@@ -37,15 +43,20 @@ class SlotCopier {
     }
     return copy_large(dst, src, n);
   }
-  // Orders the copies before it ahead of the stores after it (the publication of the slot).
-  static void fence();
 
  private:
   bool copy_large(uint8_t* dst, const uint8_t* src, size_t n);
   bool pick_streaming();
 
+  // Timestamp-counter ticks per KiB of a method's last kSamples copies.
+  struct Samples {
+    uint64_t ticks[kSamples] = {};
+    uint32_t n = 0;  // samples taken
+    uint64_t median() const;
+  };
+
   ShmCopy mode_;
-  uint64_t cost_[2] = {0, 0};  // timestamp ticks per KiB, running average; 0 = unmeasured
+  Samples cost_[2];  // {memcpy, non-temporal}
   uint32_t count_ = 0;
 };
 
