@@ -56,6 +56,16 @@ def rank_main(args: argparse.Namespace) -> int:
     store = dist.TCPStore("127.0.0.1", args.port, world, rank == 0,
                           timeout=timedelta(seconds=120))
     comm = pyring.init(rank, world, store)
+    variants = {}  # pyring-<method>: a communicator of its own with PYRING_SHM_COPY=<method>
+    for name in args.libs:
+        if name.startswith("pyring-"):
+            before = os.environ.get("PYRING_SHM_COPY")
+            os.environ["PYRING_SHM_COPY"] = name.removeprefix("pyring-")
+            variants[name] = pyring.init(rank, world, store, set_default=False)
+            if before is None:
+                del os.environ["PYRING_SHM_COPY"]
+            else:
+                os.environ["PYRING_SHM_COPY"] = before
     torch.set_num_threads(1)
     if "gloo" in args.libs:
         dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank,
@@ -74,6 +84,8 @@ def rank_main(args: argparse.Namespace) -> int:
             "gloo": (dist.barrier, lambda t=t: dist.all_reduce(t)),
             "memcpy": (mpi.Barrier, lambda t=t, d=copy_dst: d.copy_(t)),
         }
+        for name, c in variants.items():
+            libs[name] = (c.barrier, lambda t=t, c=c: c.all_reduce(t))
         iters, warmup = _iters(nbytes, args)
         blocks: list[tuple[str, list[float]]] = []
         wrong = {name: 0 for name in names}
@@ -108,6 +120,8 @@ def rank_main(args: argparse.Namespace) -> int:
                              "pyring_streamed_fraction": [g[2] for g in gathered],
                              "wrong": {n: sum(g[1][n] for g in gathered) for n in names}})
     comm.close()
+    for c in variants.values():
+        c.close()
     if "gloo" in names:
         dist.destroy_process_group()
     if rank == 0:
@@ -154,7 +168,8 @@ def main() -> int:
                     help="sizes: 4096, 4K,64K, or a range of powers of two 4K..256M")
     ap.add_argument("--libs", default="pyring,mpi",
                     help="pyring first, then any of mpi, gloo, memcpy (each rank copies the "
-                         "buffer, both at once: the memory system's pace)")
+                         "buffer, both at once: the memory system's pace), pyring-cached, "
+                         "pyring-streaming (pyring with that PYRING_SHM_COPY)")
     ap.add_argument("--blocks", type=int, default=20, help="rounds (blocks per library)")
     ap.add_argument("--iters", type=int, default=500,
                     help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
@@ -166,11 +181,11 @@ def main() -> int:
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.libs = args.libs.split(",")
-    known = {"pyring", "mpi", "gloo", "memcpy"}
+    known = {"pyring", "mpi", "gloo", "memcpy", "pyring-cached", "pyring-streaming"}
     if args.libs[0] != "pyring" or not set(args.libs) <= known or len(set(args.libs)) != len(
             args.libs) or len(args.libs) < 2:
-        sys.exit(f"--libs must be pyring followed by some of mpi, gloo, memcpy, got "
-                 f"{','.join(args.libs)}")
+        others = ", ".join(sorted(known - {"pyring"}))
+        sys.exit(f"--libs must be pyring followed by some of {others}, got {','.join(args.libs)}")
     args.sizes = _sizes(args.bytes)
     if args.rank:
         return rank_main(args)
