@@ -10,7 +10,7 @@ from multiproc import run_ranks
 
 import pyring
 
-MIN_STREAMED = 128 * 1024  # SlotCopier::kMinBytes
+MIN_STREAMED = 4 * 1024  # SlotCopier::kMinBytes
 
 
 def _expected(n: int, world: int, salt: int) -> torch.Tensor:

@@ -31,6 +31,15 @@ void copy_nontemporal(uint8_t* dst, const uint8_t* src, size_t n) {
   }
   std::memcpy(dst + body, src + body, n - body);
 }
+
+void copy_with(uint8_t* dst, const uint8_t* src, size_t n, bool streaming) {
+  if (streaming) {
+    copy_nontemporal(dst, src, n);
+    _mm_sfence();
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
 #endif
 }  // namespace
 
@@ -57,21 +66,20 @@ bool SlotCopier::pick_streaming() {
   if (mode_ != ShmCopy::kAuto) return mode_ == ShmCopy::kStreaming;
   ++count_;
   if (cost_[1].n < kSamples) return count_ % 2 == 0;
-  bool streaming = cost_[1].median() * 2 < cost_[0].median();
-  if (count_ % kExploreEvery == 0) streaming = !streaming;
-  return streaming;
+  far_ = cost_[1].median() * 2 < cost_[0].median();
+  return count_ % kExploreEvery == 0 ? !far_ : far_;
 }
 
 bool SlotCopier::copy_large(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
+  if (n < kTimedBytes) {
+    const bool streaming = mode_ == ShmCopy::kAuto ? far_ : mode_ == ShmCopy::kStreaming;
+    copy_with(dst, src, n, streaming);
+    return streaming;
+  }
   const bool streaming = pick_streaming();
   const uint64_t t0 = __rdtsc();
-  if (streaming) {
-    copy_nontemporal(dst, src, n);
-    _mm_sfence();
-  } else {
-    std::memcpy(dst, src, n);
-  }
+  copy_with(dst, src, n, streaming);
   Samples& s = cost_[streaming];
   s.ticks[s.n++ % kSamples] = (__rdtsc() - t0) * 1024 / n;
   return streaming;

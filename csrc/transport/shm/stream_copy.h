@@ -19,17 +19,22 @@ const char* shm_copy_name(ShmCopy c);
 // (the slot stays in cache for the reader). When it does not (a virtual machine whose vCPUs the
 // host has put on different core complexes), every cached store must first take the line back
 // from the reader's cache across the fabric, and memcpy runs several times slower than
-// non-temporal stores. The placement can change while a job runs, so kAuto measures: the
-// first 2 * kSamples copies alternate between the methods, then each method's cost per byte is
+// non-temporal stores. The placement can change while a job runs, so kAuto measures copies of
+// kTimedBytes and more: the first 2 * kSamples alternate between the methods, then each
+// method's cost per byte is
 // the median of its last kSamples timed copies (so a copy the scheduler interrupted does not
 // count; a streaming copy is timed up to its store fence, when its lines have left for
 // memory), streaming is used while it costs less than half of memcpy (the writer's clock does
 // not see that the reader then reads from memory rather than from a cache), and the method not
-// in use is retried every kExploreEvery-th copy. Copies below kMinBytes, and every copy off
+// in use is retried every kExploreEvery-th copy. Copies from kMinBytes up to kTimedBytes take
+// the method the timed copies last chose, without an exploration (memcpy until there is one):
+// timed alone, they would favour streaming even when the cores are near, because the writer's
+// clock does not see that the reader pays for it. Copies below kMinBytes, and every copy off
 // x86-64, use memcpy.
 class SlotCopier {
  public:
-  static constexpr size_t kMinBytes = 128 * 1024;
+  static constexpr size_t kMinBytes = 4 * 1024;
+  static constexpr size_t kTimedBytes = 128 * 1024;
   static constexpr uint32_t kExploreEvery = 64;
   static constexpr uint32_t kSamples = 5;
 
@@ -58,6 +63,7 @@ class SlotCopier {
   ShmCopy mode_;
   Samples cost_[2];  // {memcpy, non-temporal}
   uint32_t count_ = 0;
+  bool far_ = false;  // the timed copies' last choice, before exploration
 };
 
 }  // namespace pyring
