@@ -14,23 +14,22 @@ const char* shm_copy_name(ShmCopy c);
 
 // Copies into memory that another process reads next (a peer's shm slot).
 //
-// kCached is memcpy; kStreaming uses non-temporal stores, which write whole lines without
-// reading them first. When the reader's core shares a cache with the writer, memcpy is faster
+// kCached is memcpy. kStreaming uses non-temporal stores, which write whole lines without
+// reading them first. memcpy is faster while the reader's core shares a cache with the writer
 // (the slot stays in cache for the reader). When it does not (a virtual machine whose vCPUs the
-// host has put on different core complexes), every cached store must first take the line back
-// from the reader's cache across the fabric, and memcpy runs several times slower than
-// non-temporal stores. The placement can change while a job runs, so kAuto measures copies of
-// kTimedBytes and more: the first 2 * kSamples alternate between the methods, then each
-// method's cost per byte is
-// the median of its last kSamples timed copies (so a copy the scheduler interrupted does not
-// count; a streaming copy is timed up to its store fence, when its lines have left for
-// memory), streaming is used while it costs less than half of memcpy (the writer's clock does
-// not see that the reader then reads from memory rather than from a cache), and the method not
-// in use is retried every kExploreEvery-th copy. Copies from kMinBytes up to kTimedBytes take
-// the method the timed copies last chose, without an exploration (memcpy until there is one):
-// timed alone, they would favour streaming even when the cores are near, because the writer's
-// clock does not see that the reader pays for it. Copies below kMinBytes, and every copy off
-// x86-64, use memcpy.
+// host has put on different core complexes), every cached store must first take its line back
+// from the reader's cache across the fabric, and memcpy runs several times slower.
+//
+// The placement changes while a job runs, so kAuto measures copies of kTimedBytes and more:
+// - the first 2 * kSamples alternate between the methods;
+// - a method's cost is the median ticks per KiB of its last kSamples copies (a copy the
+//   scheduler interrupted does not count), a streaming copy timed up to its store fence;
+// - streaming is used while it costs under half of memcpy, because the writer's clock does not
+//   see that the reader then reads from memory instead of a cache;
+// - the method not in use is retried every kExploreEvery-th copy.
+// Copies from kMinBytes to kTimedBytes take the timed copies' last choice (memcpy before
+// there is one): timed alone, they would favour streaming even when the cores are near.
+// Copies below kMinBytes, and every copy off x86-64, use memcpy.
 class SlotCopier {
  public:
   static constexpr size_t kMinBytes = 4 * 1024;
