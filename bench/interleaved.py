@@ -106,9 +106,9 @@ def rank_main(args: argparse.Namespace) -> int:
             if name != "memcpy":  # the one entry that leaves the buffer as it is
                 wrong[name] += int((t != want).sum())
             blocks.append((name, times))
-        sent = comm.stats()["links"].values()
-        streamed = (sum(v.get("bytes_streamed", 0) for v in sent)
-                    / max(1, sum(v["bytes_sent"] for v in sent)))
+        links = comm.stats()["links"].values()
+        streamed = (sum(v.get("bytes_streamed", 0) for v in links)
+                    / max(1, sum(v["bytes_sent"] for v in links)))
         gathered = mpi.gather((blocks, wrong, streamed), root=0)
         if rank == 0:
             out = []
@@ -218,7 +218,6 @@ def main() -> int:
           "time = median over rounds of the block's median slowest-rank time")
     head = f"{'size':>10} " + " ".join(f"{lib + ' us':>12} {'GB/s':>6}" for lib in args.libs)
     head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in args.libs[1:]) + "  streamed"
-
     print(head)
     wrong = 0
     for e in sizes:

@@ -10,7 +10,6 @@
 #include <cstring>
 
 #include "core/errors.h"
-#include "transport/shm/stream_copy.h"
 
 namespace pyring {
 

@@ -63,7 +63,6 @@ uint64_t SlotCopier::Samples::median() const {
 }
 
 bool SlotCopier::pick_streaming() {
-  if (mode_ != ShmCopy::kAuto) return mode_ == ShmCopy::kStreaming;
   ++count_;
   if (cost_[1].n < kSamples) return count_ % 2 == 0;
   far_ = cost_[1].median() * 2 < cost_[0].median();
@@ -72,7 +71,7 @@ bool SlotCopier::pick_streaming() {
 
 bool SlotCopier::copy_large(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
-  if (n < kTimedBytes) {
+  if (mode_ != ShmCopy::kAuto || n < kTimedBytes) {
     const bool streaming = mode_ == ShmCopy::kAuto ? far_ : mode_ == ShmCopy::kStreaming;
     copy_with(dst, src, n, streaming);
     return streaming;

@@ -50,7 +50,7 @@ class SlotCopier {
 
  private:
   bool copy_large(uint8_t* dst, const uint8_t* src, size_t n);
-  bool pick_streaming();
+  bool pick_streaming();  // kAuto, a copy of kTimedBytes or more
 
   // Timestamp-counter ticks per KiB of a method's last kSamples copies.
   struct Samples {
