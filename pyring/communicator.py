@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import weakref
 from typing import Any
 
 from . import _desync
@@ -11,10 +12,6 @@ from ._p2p import PointToPoint
 from .config import ALGOS
 from .ops import op_code
 from .work import Work
-
-
-def _never(*args: Any) -> bool:
-    return False
 
 
 class Communicator(PointToPoint):
@@ -46,10 +43,13 @@ class Communicator(PointToPoint):
         # PYRING_DEBUG=DETAIL: collectives agree on their description first (_desync.py);
         # calls made by another collective's implementation (depth > 0) are not checked.
         self._detail = detail
-        # The short path of a synchronous in-place fp32-wire all_reduce of a CPU tensor
-        # (csrc/bindings/fast_call.cc); _never where every call must take the general path.
-        self._fast = _never if detail or fast_call_args is None else core.fast_all_reduce(
-            *fast_call_args, self._inflight)
+        # all_reduce with its short path in C (csrc/bindings/fast_call.cc), which passes every
+        # call it does not run itself to the method below. Not under PYRING_DEBUG=DETAIL, whose
+        # checks are here, nor in a subclass that overrides all_reduce.
+        if (not detail and fast_call_args is not None
+                and type(self).all_reduce is Communicator.all_reduce):
+            self.all_reduce = core.fast_all_reduce(*fast_call_args, self._inflight,
+                                                   weakref.WeakMethod(self.all_reduce))
         self._desync_seq = 0
         self._desync_depth = 0
         #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
@@ -98,8 +98,6 @@ class Communicator(PointToPoint):
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
         'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
         hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
-        if self._fast(tensor, op, async_op, out, algo, wire):
-            return None
         code = op_code(op, "all_reduce")
         if algo is None:
             algo_code = -1
