@@ -136,7 +136,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                _spin_us(local_world), specs, list(topo.levels), groups, host_of,
                                use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
                                _link_model(cfg, peers, host_of), p2p_segment, p2p_listener,
-                               p2p_specs, cfg.flight_entries, SHM_COPIES.index(cfg.shm_copy))
+                               p2p_specs, cfg.flight_entries, SHM_COPIES.index(cfg.shm_copy),
+                               cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)

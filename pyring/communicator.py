@@ -217,17 +217,20 @@ class Communicator(PointToPoint):
         the blocks this rank read straight from a peer's memory (PYRING_SINGLE_COPY_BYTES),
         which bytes_received leaves out. A shm link's ``bytes_streamed`` are the bytes of its
         bytes_sent that were copied into the peer's slots with non-temporal stores
-        (PYRING_SHM_COPY)."""
+        (PYRING_SHM_COPY); a tcp link's ``connections`` are its TCP connections
+        (PYRING_SOCKET_NSTREAMS)."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
         out_links = {}
-        for peer, (kind, sent, received, streamed) in sorted(links.items()):
+        for peer, (kind, sent, received, streamed, connections) in sorted(links.items()):
             s0, r0, t0 = base_links.get(peer, (0, 0, 0))
             out_links[peer] = {"transport": kind, "bytes_sent": sent - s0,
                                "bytes_received": received - r0}
             if kind == "shm":
                 out_links[peer]["bytes_streamed"] = streamed - t0
+            elif kind == "tcp":
+                out_links[peer]["connections"] = connections
         return {
             "bytes_sent": sum(v["bytes_sent"] for v in out_links.values()),
             "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
@@ -251,7 +254,7 @@ class Communicator(PointToPoint):
     def reset_stats(self) -> None:
         """Zeroes the counters that stats() reports."""
         links, calls = self._c.raw_stats()
-        self._stats_base = ({p: (s, r, t) for p, (_, s, r, t) in links.items()}, dict(calls),
+        self._stats_base = ({p: (s, r, t) for p, (_, s, r, t, _) in links.items()}, dict(calls),
                             self._c.p2p_bytes())
 
     def close(self) -> None:

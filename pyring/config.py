@@ -19,6 +19,7 @@ ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
 SHM_COPIES: tuple[str, ...] = tuple(_C.SHM_COPY_NAMES)  # index = the core's code
 DEFAULT_FLIGHT_ENTRIES = 256
+MAX_SOCKET_NSTREAMS: int = _C.MAX_TCP_STREAMS
 # The selector's alpha-beta figures (csrc/core/communicator.h Options): per link class,
 # latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate (GB/s).
 DEFAULT_LINK_MODEL = {"shm": (4.0, 4.9), "tcp": (18.0, 1.0), "reduce": (0.0, 2.0)}
@@ -42,6 +43,8 @@ class Config:
     flight_entries: int = DEFAULT_FLIGHT_ENTRIES
     # how sends are copied into a peer's shm slots: "auto" (measured), "cached", "streaming"
     shm_copy: str = "auto"
+    # TCP connections per tcp link; messages of more than 64 KiB are striped across them
+    socket_nstreams: int = 1
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -163,5 +166,10 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
         raise ValueError(f"PYRING_FLIGHT_RECORDER={flight!r} is not valid (valid: a count of "
                          f"collectives to keep, 0 for none)")
     shm_copy = _choice("PYRING_SHM_COPY", env.get("PYRING_SHM_COPY", "auto"), SHM_COPIES)
+    nstreams = env.get("PYRING_SOCKET_NSTREAMS", "").strip() or "1"
+    if not (nstreams.isdigit() and 1 <= int(nstreams) <= MAX_SOCKET_NSTREAMS):
+        raise ValueError(f"PYRING_SOCKET_NSTREAMS={nstreams!r} is not valid (valid: 1 to "
+                         f"{MAX_SOCKET_NSTREAMS} TCP connections per link)")
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
-                  topology, topology_source, model, given, single_bytes, int(flight), shm_copy)
+                  topology, topology_source, model, given, single_bytes, int(flight), shm_copy,
+                  int(nstreams))

@@ -340,3 +340,28 @@ def test_single_copy_split_mismatch_names_sizes():
     results = run_ranks(2, _single_copy_split_mismatch)
     assert results[0] is None
     assert "rank 0 sent 320000 bytes but the receive expects 160000" in results[1], results[1]
+
+
+def _send_then_close(rank, world, store, transport):
+    comm = _init(rank, world, store, transport=transport, set_default=False)
+    if rank == 1:
+        comm.send(torch.arange(1000, dtype=torch.float32), 0, 3)
+        comm.close()
+        return None
+    time.sleep(1.0)  # the message lands, then the sender's close breaks the link
+    got = torch.empty(1000)
+    comm.recv(got, 1, 3)
+    late = None
+    try:
+        comm.recv(torch.empty(4), 1, 3)
+    except pyring.CommError as e:
+        late = str(e)
+    comm.close()
+    return torch.equal(got, torch.arange(1000, dtype=torch.float32)), late
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_message_that_arrived_before_its_sender_closed_is_received(transport):
+    ok, late = run_ranks(2, _send_then_close, transport)[0]
+    assert ok
+    assert late is not None and "the link is broken" in late, late

@@ -19,16 +19,17 @@ import pyring
 from pyring import _C
 
 CHALLENGE = struct.Struct("<II32s")
-HELLO = struct.Struct("<IiiI32s32s")
+HELLO = struct.Struct("<IiiHH32s32s")  # magic, from, to, stream, nstreams, nonce, mac
 HELLO_MAGIC = 0x50524748
 LATE_S = 1.5
 
 
 def _hello(key: bytes, challenge_nonce: bytes, frm: int, to: int) -> bytes:
     nonce = os.urandom(32)
-    mac = hmac.new(key, b"pyring-hello\0" + challenge_nonce + struct.pack("<ii", frm, to) + nonce,
+    fields = struct.pack("<iiHH", frm, to, 0, 1)  # stream 0 of 1
+    mac = hmac.new(key, b"pyring-hello\0" + challenge_nonce + fields + nonce,
                    hashlib.sha256).digest()
-    return HELLO.pack(HELLO_MAGIC, frm, to, 0, nonce, mac)
+    return HELLO.pack(HELLO_MAGIC, frm, to, 0, 1, nonce, mac)
 
 
 def _stranger(kind: str, port: int, to: int, answered: list) -> None:

@@ -52,14 +52,17 @@ BufferView view(uintptr_t ptr, size_t count, int dtype) {
 using Groups = std::vector<std::vector<std::vector<int>>>;
 using ModelTuple = std::tuple<double, double, double, double, double>;
 
-CommunicatorPtr make_communicator(
-    int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
-    uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
-    py::bytes secret, int algo, int spin_us, const std::vector<PeerTuple>& peer_tuples,
-    std::vector<std::string> level_names, Groups groups, std::vector<int> host_of,
-    bool shm_within_host, int log_level, const ModelTuple& model,
-    std::shared_ptr<ShmSegment> p2p_segment, TcpListener* p2p_listener,
-    const std::vector<PeerTuple>& p2p_tuples, size_t flight_entries, int shm_copy) {
+CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t segment_bytes,
+                                  uint32_t local_index, uint32_t local_world,
+                                  std::shared_ptr<ShmSegment> segment, TcpListener* listener,
+                                  py::bytes secret, int algo, int spin_us,
+                                  const std::vector<PeerTuple>& peer_tuples,
+                                  std::vector<std::string> level_names, Groups groups,
+                                  std::vector<int> host_of, bool shm_within_host, int log_level,
+                                  const ModelTuple& model, std::shared_ptr<ShmSegment> p2p_segment,
+                                  TcpListener* p2p_listener,
+                                  const std::vector<PeerTuple>& p2p_tuples, size_t flight_entries,
+                                  int shm_copy, int tcp_streams) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
@@ -90,6 +93,9 @@ CommunicatorPtr make_communicator(
   PYRING_CHECK_ARG(shm_copy >= 0 && shm_copy < kNumShmCopies, "shm_copy code ", shm_copy,
                    " out of range");
   setup.shm_copy = static_cast<ShmCopy>(shm_copy);
+  PYRING_CHECK_ARG(tcp_streams >= 1 && tcp_streams <= kMaxTcpStreams, "tcp_streams must be in 1..",
+                   kMaxTcpStreams, ", got ", tcp_streams);
+  setup.tcp_streams = tcp_streams;
   setup.log_level = log_level;
   LinkSetup p2p_setup = setup;
   p2p_setup.own_segment = std::move(p2p_segment);
@@ -156,6 +162,7 @@ void register_communicator(py::module_& m) {
   py::list copies;
   for (int c = 0; c < kNumShmCopies; ++c) copies.append(shm_copy_name(static_cast<ShmCopy>(c)));
   m.attr("SHM_COPY_NAMES") = py::tuple(copies);
+  m.attr("MAX_TCP_STREAMS") = kMaxTcpStreams;
   m.def(
       "needed_peers",
       [](int rank, int size, std::vector<std::string> names, Groups groups) {
@@ -203,7 +210,7 @@ void register_communicator(py::module_& m) {
           py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
           py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
           py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"),
-          py::arg("flight_entries") = 256, py::arg("shm_copy") = 0)
+          py::arg("flight_entries") = 256, py::arg("shm_copy") = 0, py::arg("tcp_streams") = 1)
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("broken", &Communicator::broken)
@@ -224,8 +231,8 @@ void register_communicator(py::module_& m) {
             for (int p = 0; p < c.size(); ++p) {
               if (!c.has_link(p)) continue;
               Link& l = c.link(p);
-              links[py::int_(p)] =
-                  py::make_tuple(l.kind(), l.bytes_sent(), l.bytes_received(), l.bytes_streamed());
+              links[py::int_(p)] = py::make_tuple(l.kind(), l.bytes_sent(), l.bytes_received(),
+                                                  l.bytes_streamed(), l.connections());
             }
             for (int a = 1; a < kNumAlgos; ++a) {
               calls[py::str(algo_name(static_cast<Algo>(a)))] =
@@ -233,7 +240,8 @@ void register_communicator(py::module_& m) {
             }
             return py::make_tuple(links, calls);
           },
-          "({peer: (transport, bytes sent, bytes received)}, {algorithm: calls}) since start.")
+          "({peer: (transport, bytes sent, bytes received, bytes streamed, tcp connections)}, "
+          "{algorithm: calls}) since start.")
       .def(
           "estimate_allreduce",
           [](Communicator& c, size_t bytes) {

@@ -59,6 +59,8 @@ class Link {
   virtual int poll_fd() const { return -1; }
   virtual bool wants_write() const { return false; }
   virtual std::atomic<uint32_t>* sleep_word() { return nullptr; }
+  // The TCP connections this link uses (0: none, as for shm).
+  virtual size_t connections() const { return 0; }
 
   // Throws CommError when the peer is known to have died or given up.
   virtual void check_peer() {}

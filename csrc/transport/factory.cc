@@ -7,6 +7,7 @@
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_connect.h"
 #include "transport/tcp/tcp_link.h"
+#include "transport/tcp/tcp_striped_link.h"
 
 namespace pyring {
 
@@ -34,10 +35,14 @@ Links make_links(const LinkSetup& setup, const std::vector<PeerSpec>& peers, Dea
   if (!tcp_peers.empty()) {
     PYRING_CHECK_ARG(setup.listener != nullptr, "tcp peers without a listener");
     auto fds = tcp_establish(setup.rank, *setup.listener, tcp_peers, setup.secret, deadline,
-                             setup.log_level);
-    for (auto& kv : fds) {
-      out.by_rank[static_cast<size_t>(kv.first)] =
-          std::make_unique<TcpLink>(kv.first, kv.second, setup.segment_bytes);
+                             setup.log_level, setup.tcp_streams);
+    for (auto& [rank, streams] : fds) {
+      auto& link = out.by_rank[static_cast<size_t>(rank)];
+      if (streams.size() == 1) {
+        link = std::make_unique<TcpLink>(rank, streams[0], setup.segment_bytes);
+      } else {
+        link = std::make_unique<TcpStripedLink>(rank, std::move(streams), setup.segment_bytes);
+      }
     }
   }
   if (setup.own_segment) segments->push_back(setup.own_segment);

@@ -35,7 +35,8 @@ struct LinkSetup {
   std::string secret;
   size_t segment_bytes = 0;
   ShmCopy shm_copy = ShmCopy::kAuto;
-  int log_level = 0;  // >= 1: report connections dropped during the tcp rendezvous
+  int tcp_streams = 1;  // connections per tcp link (PYRING_SOCKET_NSTREAMS)
+  int log_level = 0;    // >= 1: report connections dropped during the tcp rendezvous
 };
 
 struct Links {

@@ -39,8 +39,8 @@ void handshake(const uint8_t* data, size_t size) {
   static const Challenge challenge = make_challenge();
   static const Hello hello = make_hello(secret, challenge, 0, 1);
   check_challenge(data, size);
-  int from = -1;
-  HelloVerdict v = check_hello(data, size, secret, challenge, 1, &from);
+  Hello got{};
+  HelloVerdict v = check_hello(data, size, secret, challenge, 1, &got);
   // A hello nobody made with the secret must never pass.
   if (v == HelloVerdict::kOk && std::memcmp(data + 16, hello.nonce, kNonceBytes) != 0) {
     __builtin_trap();

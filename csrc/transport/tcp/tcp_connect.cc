@@ -116,7 +116,8 @@ namespace {
 struct Pending {
   enum Phase { kOutChallenge, kOutAck, kInHello } phase;
   int fd = -1;
-  int peer = -1;  // outgoing only
+  int peer = -1;   // outgoing only
+  int stream = 0;  // outgoing only
   uint8_t buf[sizeof(Hello)] = {};
   size_t got = 0;
   size_t need = 0;
@@ -128,24 +129,29 @@ struct Pending {
 
 }  // namespace
 
-std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vector<TcpPeer>& peers,
-                                 const std::string& secret, Deadline deadline, int log_level) {
+std::map<int, std::vector<int>> tcp_establish(int rank, TcpListener& listener,
+                                              const std::vector<TcpPeer>& peers,
+                                              const std::string& secret, Deadline deadline,
+                                              int log_level, int nstreams) {
   PYRING_CHECK_ARG(secret.size() == kSecretBytes, "job secret must be ", kSecretBytes,
                    " bytes, got ", secret.size());
-  std::map<int, int> fds;
+  PYRING_CHECK_ARG(nstreams >= 1 && nstreams <= kMaxTcpStreams, "nstreams must be in 1..",
+                   kMaxTcpStreams, ", got ", nstreams);
+  std::map<int, std::vector<int>> fds;
   std::vector<Pending> pending;
-  std::set<int> awaited;        // lower ranks that have not connected yet
+  std::set<std::pair<int, int>> awaited;  // (lower rank, stream) not connected yet
   std::map<int, int> refusals;  // outgoing: times a peer closed the connection mid-handshake
   auto drop = [&](size_t i) {
     close(pending[i].fd);
     pending[i] = pending.back();
     pending.pop_back();
   };
-  auto open_out = [&](size_t target) {
+  auto open_out = [&](size_t target, int stream) {
     const TcpPeer& p = peers[target];
     Pending c{Pending::kOutChallenge};
     c.fd = connect_to(p, rank, deadline);
     c.peer = p.rank;
+    c.stream = stream;
     c.need = sizeof(Challenge);
     c.target = target;
     pending.push_back(c);
@@ -153,10 +159,13 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
   auto& dropped = listener.dropped();
   try {
     for (size_t i = 0; i < peers.size(); ++i) {
-      if (peers[i].rank < rank) {
-        awaited.insert(peers[i].rank);
-      } else {
-        open_out(i);
+      fds[peers[i].rank].assign(static_cast<size_t>(nstreams), -1);
+      for (int s = 0; s < nstreams; ++s) {
+        if (peers[i].rank < rank) {
+          awaited.insert({peers[i].rank, s});
+        } else {
+          open_out(i, s);
+        }
       }
     }
     std::vector<pollfd> polled;
@@ -198,10 +207,11 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
             drop(i);
           } else {
             size_t target = c.target;
+            int stream = c.stream;
             ++refusals[c.peer];
             drop(i);
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            open_out(target);
+            open_out(target, stream);
           }
           continue;
         }
@@ -213,7 +223,7 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
                        " did not answer as a pyring rank of this version (connecting from rank ",
                        rank, ", this process)");
           std::memcpy(&c.challenge, c.buf, sizeof(Challenge));
-          c.hello = make_hello(secret, c.challenge, rank, c.peer);
+          c.hello = make_hello(secret, c.challenge, rank, c.peer, c.stream, nstreams);
           PYRING_CHECK(send_small(c.fd, &c.hello, sizeof(Hello)), CommError,
                        "sending the hello from rank ", rank, " to rank ", c.peer, " failed");
           c.phase = Pending::kOutAck;
@@ -225,22 +235,28 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
                        " failed authentication from rank ", rank,
                        " (this process): it does not hold this job's secret");
           tune(c.fd);
-          fds[c.peer] = c.fd;
+          fds[c.peer][static_cast<size_t>(c.stream)] = c.fd;
           pending[i] = pending.back();
           pending.pop_back();
         } else {
-          int from = -1;
-          auto verdict = check_hello(c.buf, c.got, secret, c.challenge, rank, &from);
-          if (verdict == HelloVerdict::kOk && !awaited.count(from)) {
+          Hello h{};
+          auto verdict = check_hello(c.buf, c.got, secret, c.challenge, rank, &h);
+          // Authentic: a rank of this job, which must stripe its links as this one does.
+          PYRING_CHECK(verdict != HelloVerdict::kOk || h.nstreams == nstreams, CommError, "rank ",
+                       h.from_rank, " opens ", h.nstreams, " tcp stream(s) per link and rank ",
+                       rank, " (this process) ", nstreams,
+                       ": set PYRING_SOCKET_NSTREAMS to the same value on every rank");
+          const std::pair<int, int> key{h.from_rank, h.stream};
+          if (verdict == HelloVerdict::kOk && !awaited.count(key)) {
             verdict = HelloVerdict::kNotExpected;
           }
           if (verdict == HelloVerdict::kOk) {
-            std::memcpy(&c.hello, c.buf, sizeof(Hello));
+            c.hello = h;
             Ack ack = make_ack(secret, c.challenge, c.hello);
             if (send_small(c.fd, &ack, sizeof(ack))) {
               tune(c.fd);
-              fds[from] = c.fd;
-              awaited.erase(from);
+              fds[h.from_rank][h.stream] = c.fd;
+              awaited.erase(key);
               pending[i] = pending.back();
               pending.pop_back();
               continue;
@@ -283,9 +299,12 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
       }
       if (deadline.expired() && (outgoing() || !awaited.empty())) {
         std::string missing;
-        for (int r : awaited) missing += str_cat(missing.empty() ? "" : ", ", r);
+        std::set<int> listed;
+        for (const auto& [r, s] : awaited) {
+          if (listed.insert(r).second) missing += str_cat(missing.empty() ? "" : ", ", r);
+        }
         for (const auto& c : pending) {
-          if (c.phase != Pending::kInHello) {
+          if (c.phase != Pending::kInHello && listed.insert(c.peer).second) {
             missing += str_cat(missing.empty() ? "" : ", ", c.peer);
             if (refusals.count(c.peer)) {
               missing += str_cat(" (closed the handshake ", refusals[c.peer],
@@ -305,7 +324,11 @@ std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vec
     pending.clear();
   } catch (...) {
     for (auto& c : pending) close(c.fd);
-    for (auto& kv : fds) close(kv.second);
+    for (auto& kv : fds) {
+      for (int fd : kv.second) {
+        if (fd >= 0) close(fd);
+      }
+    }
     throw;
   }
   if (log_level >= 1 && dropped.total() > 0) {

@@ -47,15 +47,21 @@ struct TcpPeer {
 
 // How long an accepted connection may take to send its hello, and how many may wait at once.
 constexpr int kHelloTimeoutMs = 5000;
+// Connections per tcp link at most (PYRING_SOCKET_NSTREAMS).
+constexpr int kMaxTcpStreams = 16;
 constexpr size_t kMaxPendingHellos = 256;
 
-// Opens one authenticated connection to every peer in `peers`: this rank connects to higher
-// ranks and accepts lower ones (tcp_handshake.h). All handshakes run at once on this thread,
-// each accepted connection with its own hello deadline, so a silent or slow stranger on the
-// port delays no peer; whatever fails the handshake is closed and counted in
+// Opens `nstreams` authenticated connections to every peer in `peers`: this rank connects to
+// higher ranks and accepts lower ones (tcp_handshake.h). All handshakes run at once on this
+// thread, each accepted connection with its own hello deadline, so a silent or slow stranger on
+// the port delays no peer; whatever fails the handshake is closed and counted in
 // listener.dropped(), and reported at log_level >= 1. A connector whose connection is closed
-// before its Ack connects again until `deadline`. Returns rank -> connected non-blocking socket.
-std::map<int, int> tcp_establish(int rank, TcpListener& listener, const std::vector<TcpPeer>& peers,
-                                 const std::string& secret, Deadline deadline, int log_level = 0);
+// before its Ack connects again until `deadline`. A peer that opens a different number of
+// streams is a CommError naming both counts. Returns rank -> its connected non-blocking
+// sockets, by stream number.
+std::map<int, std::vector<int>> tcp_establish(int rank, TcpListener& listener,
+                                              const std::vector<TcpPeer>& peers,
+                                              const std::string& secret, Deadline deadline,
+                                              int log_level = 0, int nstreams = 1);
 
 }  // namespace pyring

@@ -13,18 +13,19 @@ namespace pyring {
 namespace {
 constexpr uint32_t kChallengeMagic = 0x50524743;  // "PRGC"
 constexpr uint32_t kHelloMagic = 0x50524748;      // "PRGH"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr char kHelloLabel[] = "pyring-hello";
 constexpr char kAckLabel[] = "pyring-ack";
 
-Digest hello_mac(const std::string& secret, const Challenge& c, int32_t from, int32_t to,
-                 const uint8_t* hello_nonce) {
+Digest hello_mac(const std::string& secret, const Challenge& c, const Hello& h) {
   return hmac_sha256(secret.data(), secret.size(),
                      {{kHelloLabel, sizeof(kHelloLabel)},
                       {c.nonce, kNonceBytes},
-                      {&from, sizeof(from)},
-                      {&to, sizeof(to)},
-                      {hello_nonce, kNonceBytes}});
+                      {&h.from_rank, sizeof(h.from_rank)},
+                      {&h.to_rank, sizeof(h.to_rank)},
+                      {&h.stream, sizeof(h.stream)},
+                      {&h.nstreams, sizeof(h.nstreams)},
+                      {h.nonce, kNonceBytes}});
 }
 }  // namespace
 
@@ -51,24 +52,32 @@ bool check_challenge(const uint8_t* bytes, size_t n) {
   return c.magic == kChallengeMagic && c.version == kVersion;
 }
 
-Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank,
-                 int to_rank) {
-  Hello h{kHelloMagic, from_rank, to_rank, 0, {}, {}};
+Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank,
+                 int stream, int nstreams) {
+  PYRING_CHECK_ARG(nstreams >= 1 && nstreams <= UINT16_MAX && stream >= 0 && stream < nstreams,
+                   "stream ", stream, " of ", nstreams, " is not a valid stream");
+  Hello h{kHelloMagic,
+          from_rank,
+          to_rank,
+          static_cast<uint16_t>(stream),
+          static_cast<uint16_t>(nstreams),
+          {},
+          {}};
   random_nonce(h.nonce);
-  Digest mac = hello_mac(secret, challenge, from_rank, to_rank, h.nonce);
+  Digest mac = hello_mac(secret, challenge, h);
   std::memcpy(h.mac, mac.data(), kMacBytes);
   return h;
 }
 
 HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
-                         const Challenge& challenge, int this_rank, int* from_rank) {
+                         const Challenge& challenge, int this_rank, Hello* hello) {
   if (n != sizeof(Hello)) return HelloVerdict::kGarbage;
   Hello h;
   std::memcpy(&h, bytes, sizeof(h));
-  if (h.magic != kHelloMagic || h.reserved != 0) return HelloVerdict::kGarbage;
-  Digest mac = hello_mac(secret, challenge, h.from_rank, h.to_rank, h.nonce);
+  if (h.magic != kHelloMagic || h.stream >= h.nstreams) return HelloVerdict::kGarbage;
+  Digest mac = hello_mac(secret, challenge, h);
   if (!digest_equal(mac.data(), h.mac)) return HelloVerdict::kBadMac;
-  *from_rank = h.from_rank;
+  *hello = h;
   return h.to_rank == this_rank ? HelloVerdict::kOk : HelloVerdict::kNotExpected;
 }
 

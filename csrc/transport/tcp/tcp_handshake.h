@@ -24,11 +24,14 @@ struct Challenge {
 };
 static_assert(sizeof(Challenge) == 40, "Challenge is part of the wire format");
 
+// A link may be several connections (PYRING_SOCKET_NSTREAMS): `stream` numbers this one among
+// the link's `nstreams`, and both count for the MAC.
 struct Hello {
   uint32_t magic;
   int32_t from_rank;
   int32_t to_rank;
-  uint32_t reserved;
+  uint16_t stream;
+  uint16_t nstreams;
   uint8_t nonce[kNonceBytes];
   uint8_t mac[kMacBytes];
 };
@@ -51,12 +54,14 @@ void random_nonce(uint8_t* nonce);
 
 Challenge make_challenge();
 bool check_challenge(const uint8_t* bytes, size_t n);  // magic and version
-Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank);
-// Checks `n` bytes received as a Hello against the Challenge this acceptor sent. `from_rank`
-// is set when the verdict is kOk or kNotExpected (addressed to another rank); whether this
-// rank awaits `from_rank` is the caller's to check.
+Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank,
+                 int stream = 0, int nstreams = 1);
+// Checks `n` bytes received as a Hello against the Challenge this acceptor sent (a stream
+// number not below the stream count is garbage). When the verdict is kOk or kNotExpected
+// (addressed to another rank), `*hello` holds the Hello; whether this rank awaits its rank,
+// stream and stream count is the caller's to check.
 HelloVerdict check_hello(const uint8_t* bytes, size_t n, const std::string& secret,
-                         const Challenge& challenge, int this_rank, int* from_rank);
+                         const Challenge& challenge, int this_rank, Hello* hello);
 Ack make_ack(const std::string& secret, const Challenge& challenge, const Hello& hello);
 bool check_ack(const uint8_t* bytes, size_t n, const std::string& secret,
                const Challenge& challenge, const Hello& hello);

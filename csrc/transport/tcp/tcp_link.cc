@@ -29,46 +29,64 @@ void TcpLink::post_recv(RecvSpec spec) {
   if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0, 0});
 }
 
-void TcpLink::fail(const char* what, int err) {
+namespace {
+
+[[noreturn]] void fail(int peer, const char* what, int err) {
   if (err == 0 || err == ECONNRESET || err == EPIPE) {
-    throw PeerLost(peer_, str_cat("connection to rank ", peer_, " ", err ? "reset" : "closed",
-                                  " by the peer during ", what));
+    throw PeerLost(peer, str_cat("connection to rank ", peer, " ", err ? "reset" : "closed",
+                                 " by the peer during ", what));
   }
-  PYRING_THROW(CommError, what, " on the connection to rank ", peer_, " failed: ", strerror(err));
+  PYRING_THROW(CommError, what, " on the connection to rank ", peer, " failed: ", strerror(err));
 }
 
-bool TcpLink::progress_send() {
-  bool moved = false;
-  while (!sends_.empty()) {
-    // One sendmsg carries up to kMaxIov queued messages (a header and the data behind it).
+}  // namespace
+
+size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue) {
+  size_t sent = 0;
+  while (!queue.empty()) {
     constexpr size_t kMaxIov = 16;
     iovec iov[kMaxIov];
     size_t n_iov = 0;
-    for (auto it = sends_.begin(); it != sends_.end() && n_iov < kMaxIov; ++it, ++n_iov) {
+    for (auto it = queue.begin(); it != queue.end() && n_iov < kMaxIov; ++it, ++n_iov) {
       iov[n_iov].iov_base = const_cast<uint8_t*>(it->data + it->done);
       iov[n_iov].iov_len = it->bytes - it->done;
     }
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = n_iov;
-    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
-      fail("send", errno);
+      fail(peer, "send", errno);
     }
-    count_sent(static_cast<size_t>(n));
-    moved = true;
+    sent += static_cast<size_t>(n);
     size_t left = static_cast<size_t>(n);
     while (left > 0) {
-      Send& s = sends_.front();
+      TcpSend& s = queue.front();
       size_t take = std::min(left, s.bytes - s.done);
       s.done += take;
       left -= take;
-      if (s.done == s.bytes) sends_.pop_front();
+      if (s.done == s.bytes) queue.pop_front();
     }
   }
-  return moved;
+  return sent;
+}
+
+size_t tcp_recv_some(int fd, int peer, uint8_t* buf, size_t n) {
+  for (;;) {
+    ssize_t got = ::recv(fd, buf, n, MSG_DONTWAIT);
+    if (got > 0) return static_cast<size_t>(got);
+    if (got == 0) fail(peer, "recv", 0);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    if (errno != EINTR) fail(peer, "recv", errno);
+  }
+}
+
+bool TcpLink::progress_send() {
+  size_t n = tcp_send_queued(fd_, peer_, sends_);
+  if (n > 0) count_sent(n);
+  return n > 0;
 }
 
 bool TcpLink::progress_recv() {
@@ -76,29 +94,24 @@ bool TcpLink::progress_recv() {
   while (!recvs_.empty()) {
     Recv& r = recvs_.front();
     const size_t total = r.spec.bytes;
-    ssize_t n;
+    size_t n;
     if (r.spec.copy_to) {
-      n = ::recv(fd_, r.spec.copy_to + r.received, total - r.received, MSG_DONTWAIT);
+      n = tcp_recv_some(fd_, peer_, r.spec.copy_to + r.received, total - r.received);
     } else {
       size_t want = std::min(staging_.size() - staged_, total - r.done - staged_);
-      n = ::recv(fd_, staging_.data() + staged_, want, MSG_DONTWAIT);
+      n = tcp_recv_some(fd_, peer_, staging_.data() + staged_, want);
     }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (errno == EINTR) continue;
-      fail("recv", errno);
-    }
-    if (n == 0) fail("recv", 0);
+    if (n == 0) break;
     moved = true;
-    count_received(static_cast<size_t>(n));
+    count_received(n);
     if (r.spec.copy_to) {
-      r.received += static_cast<size_t>(n);
+      r.received += n;
       if (r.received - r.done >= staging_.size() || r.received == total) {
         if (r.spec.on_piece) r.spec.on_piece(r.spec.copy_to + r.done, r.done, r.received - r.done);
         r.done = r.received;
       }
     } else {
-      staged_ += static_cast<size_t>(n);
+      staged_ += n;
       if (staged_ == staging_.size() || r.done + staged_ == total) {
         if (r.spec.on_piece) r.spec.on_piece(staging_.data(), r.done, staged_);
         r.done += staged_;

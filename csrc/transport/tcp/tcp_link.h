@@ -8,6 +8,21 @@
 
 namespace pyring {
 
+// A posted send: `done` of its `bytes` are handed to the kernel.
+struct TcpSend {
+  const uint8_t* data;
+  size_t bytes;
+  size_t done;
+};
+
+// Hands the front of `queue` to the non-blocking socket `fd` (several messages per sendmsg)
+// until it would block or the queue is empty, popping what is done; returns the bytes sent.
+// Throws PeerLost (closed or reset by the peer) or CommError naming `peer`.
+size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue);
+// Reads at most `n` bytes into `buf`; returns how many, 0 when nothing is there. Throws as
+// tcp_send_queued, also when the peer closed the connection.
+size_t tcp_recv_some(int fd, int peer, uint8_t* buf, size_t n);
+
 class TcpLink : public Link {
  public:
   // Takes ownership of the connected socket `fd`. Pieces of receives without copy_to are
@@ -24,15 +39,11 @@ class TcpLink : public Link {
   std::string pending() const override;
   int poll_fd() const override { return fd_; }
   bool wants_write() const override { return !sends_.empty(); }
+  size_t connections() const override { return 1; }
   void check_peer() override {}
   void abort() override;
 
  private:
-  struct Send {
-    const uint8_t* data;
-    size_t bytes;
-    size_t done;
-  };
   struct Recv {
     RecvSpec spec;
     size_t done;      // bytes delivered to on_piece / copy_to
@@ -40,12 +51,11 @@ class TcpLink : public Link {
   };
   bool progress_send();
   bool progress_recv();
-  [[noreturn]] void fail(const char* what, int err);
 
   int fd_;
   std::vector<uint8_t> staging_;
   size_t staged_ = 0;
-  std::deque<Send> sends_;
+  std::deque<TcpSend> sends_;
   std::deque<Recv> recvs_;
   bool aborted_ = false;
 };
