@@ -31,6 +31,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -56,16 +57,17 @@ def rank_main(args: argparse.Namespace) -> int:
     store = dist.TCPStore("127.0.0.1", args.port, world, rank == 0,
                           timeout=timedelta(seconds=120))
     comm = pyring.init(rank, world, store)
-    variants = {}  # pyring-<method>: a communicator of its own with PYRING_SHM_COPY=<method>
+    variants = {}  # pyring-<variant>: a communicator of its own with _variant_env's setting
     for name in args.libs:
         if name.startswith("pyring-"):
-            before = os.environ.get("PYRING_SHM_COPY")
-            os.environ["PYRING_SHM_COPY"] = name.removeprefix("pyring-")
+            var, value = _variant_env(name)
+            before = os.environ.get(var)
+            os.environ[var] = value
             variants[name] = pyring.init(rank, world, store, set_default=False)
             if before is None:
-                del os.environ["PYRING_SHM_COPY"]
+                del os.environ[var]
             else:
-                os.environ["PYRING_SHM_COPY"] = before
+                os.environ[var] = before
     torch.set_num_threads(1)
     if "gloo" in args.libs:
         dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank,
@@ -161,6 +163,17 @@ def _summarize(entry: dict, libs: list[str]) -> dict:
             "median_ratio": {lib: statistics.median(v) for lib, v in ratios.items()}}
 
 
+def _variant_env(name: str) -> tuple[str, str]:
+    """pyring-cached / pyring-streaming: PYRING_SHM_COPY; pyring-tcpN: PYRING_SOCKET_NSTREAMS=N;
+    pyring-ring / pyring-direct / pyring-tree: PYRING_ALGO."""
+    variant = name.removeprefix("pyring-")
+    if variant.startswith("tcp"):
+        return "PYRING_SOCKET_NSTREAMS", variant.removeprefix("tcp")
+    if variant in ("ring", "direct", "tree"):
+        return "PYRING_ALGO", variant
+    return "PYRING_SHM_COPY", variant
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -169,11 +182,16 @@ def main() -> int:
     ap.add_argument("--libs", default="pyring,mpi",
                     help="pyring first, then any of mpi, gloo, memcpy (each rank copies the "
                          "buffer, both at once: the memory system's pace), pyring-cached, "
-                         "pyring-streaming (pyring with that PYRING_SHM_COPY)")
+                         "pyring-streaming (pyring with that PYRING_SHM_COPY), pyring-tcpN "
+                         "(pyring with PYRING_SOCKET_NSTREAMS=N, N in 2..16), pyring-ring, "
+                         "pyring-direct, pyring-tree (pyring with that PYRING_ALGO)")
     ap.add_argument("--blocks", type=int, default=20, help="rounds (blocks per library)")
     ap.add_argument("--iters", type=int, default=500,
                     help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--flow-cap", type=float, default=0.0, metavar="MB/S",
+                    help="cap every TCP connection at this rate (bench/flow_cap.c, "
+                         "SO_MAX_PACING_RATE): a path that limits each flow, not their sum")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
@@ -181,10 +199,12 @@ def main() -> int:
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.libs = args.libs.split(",")
-    known = {"pyring", "mpi", "gloo", "memcpy", "pyring-cached", "pyring-streaming"}
+    known = {"pyring", "mpi", "gloo", "memcpy", "pyring-cached", "pyring-streaming", "pyring-ring",
+             "pyring-direct", "pyring-tree", *(f"pyring-tcp{n}" for n in range(2, 17))}
     if args.libs[0] != "pyring" or not set(args.libs) <= known or len(set(args.libs)) != len(
             args.libs) or len(args.libs) < 2:
-        others = ", ".join(sorted(known - {"pyring"}))
+        others = ", ".join(sorted(n for n in known - {"pyring"} if not n.startswith("pyring-tcp")))
+        others += ", pyring-tcpN (N in 2..16)"
         sys.exit(f"--libs must be pyring followed by some of {others}, got {','.join(args.libs)}")
     args.sizes = _sizes(args.bytes)
     if args.rank:
@@ -204,18 +224,27 @@ def main() -> int:
            "--iters", str(args.iters), "--warmup", str(args.warmup), "--libs",
            ",".join(args.libs)]
     transport = os.environ.get("PYRING_TRANSPORT", "shm")
-    subprocess.run(cmd, check=True, timeout=3600, env={**os.environ, "PYRING_TRANSPORT": transport})
+    env = {**os.environ, "PYRING_TRANSPORT": transport}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.flow_cap > 0:
+            shim = Path(tmp) / "flow_cap.so"
+            subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(BENCH / "flow_cap.c"), "-o",
+                            str(shim), "-ldl"], check=True)
+            env.update(LD_PRELOAD=str(shim), FLOW_CAP_BYTES_PER_S=str(int(args.flow_cap * 1e6)))
+        subprocess.run(cmd, check=True, timeout=3600, env=env)
     sizes = [_summarize(e, args.libs) for e in json.loads(raw.read_text())]
     raw.unlink()
     sys.path.insert(0, str(BENCH))
     from machine import describe
 
     summary = {"benchmark": "interleaved", "command": sys.argv, "machine": describe(),
-               "world": args.world, "transport": transport, "libs": args.libs,
+               "world": args.world, "transport": transport, "flow_cap_MBps": args.flow_cap,
+               "libs": args.libs,
                "rounds": args.blocks, "sizes": sizes}
     result.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"# {args.world} ranks, in-place float32 sum over {transport}, {args.blocks} rounds; "
-          "time = median over rounds of the block's median slowest-rank time")
+    cap = f", each TCP connection capped at {args.flow_cap:g} MB/s" if args.flow_cap > 0 else ""
+    print(f"# {args.world} ranks, in-place float32 sum over {transport}{cap}, {args.blocks} "
+          "rounds; time = median over rounds of the block's median slowest-rank time")
     head = f"{'size':>10} " + " ".join(f"{lib + ' us':>12} {'GB/s':>6}" for lib in args.libs)
     head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in args.libs[1:]) + "  streamed"
     print(head)

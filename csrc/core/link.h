@@ -3,7 +3,9 @@
 //
 // Contract:
 // - Sends and receives are queued and complete in the order they were posted, per direction.
-//   Both ends must post the same sequence of message sizes; a zero-byte message is a no-op.
+//   Each direction is a byte stream: the receiver's messages must cover the sender's bytes in
+//   order, but may cut them elsewhere (the ring receives as one message what its left
+//   neighbour forwarded piece by piece); a zero-byte message is a no-op.
 // - A Link is driven by one thread at a time (the thread running the current collective):
 //   post_*() only queue, progress() moves bytes without blocking.
 // - Memory passed to post_send() must stay valid and unchanged until idle() is true.
