@@ -71,6 +71,8 @@ class Communicator:
         p2p_listener: TcpListener | None,
         p2p_peers: list[tuple[int, str, int, str, str, int]],
         flight_entries: int = 256,
+        shm_copy: int = 0,
+        tcp_streams: int = 1,
     ) -> None: ...
     @property
     def rank(self) -> int: ...
