@@ -12,7 +12,9 @@ process, no reduction: the most any allreduce over tcp could do here), pyring's 
 the slower rank. With --variants it then builds and runs bench/tcp_streams.c (needs a C
 compiler): the same bare exchange over 1, 2 and 4 connections with a thread each, and with
 vmsplice + splice sends, rounds taken in turn. Writes bench/results/loopback_<tag>.json with
-the machine's description.
+the machine's description. Each row also gives the cores each rank kept busy in user space and
+in the kernel during its timed calls (getrusage, summed over the rounds, every thread of the
+process).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -54,6 +57,19 @@ def _bare(sock: socket.socket, out: memoryview, inp: memoryview) -> float:
     return time.perf_counter() - t0
 
 
+def _timed(fn: Any, busy: list[float] | None) -> float:
+    """fn()'s wall time; adds its (wall, user, system) seconds to `busy` when given."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    if busy is not None:
+        busy[0] += dt
+        busy[1] += r1.ru_utime - r0.ru_utime
+        busy[2] += r1.ru_stime - r0.ru_stime
+    return dt
+
+
 def _rank(rank: int, port: int, nbytes: int, rounds: int, q: Any) -> None:
     os.environ["PYRING_TRANSPORT"] = "tcp"
     import torch
@@ -80,21 +96,19 @@ def _rank(rank: int, port: int, nbytes: int, rounds: int, q: Any) -> None:
     out, inp = memoryview(buf), memoryview(bytearray(nbytes))
     t = torch.ones(nbytes // 4)
     times: dict[str, list[float]] = {"bare": [], "pyring": [], "gloo": []}
+    busy = {name: [0.0, 0.0, 0.0] for name in times}  # wall, user, system seconds
     for r in range(rounds + 1):  # round 0 warms up
-        bare = _bare(sock, out, inp)
+        bare = _timed(lambda: _bare(sock, out, inp), busy["bare"] if r else None)
         comm.barrier()
-        t0 = time.perf_counter()
-        comm.all_reduce(t)
-        ours = time.perf_counter() - t0
+        ours = _timed(lambda: comm.all_reduce(t), busy["pyring"] if r else None)
         dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        gloo = time.perf_counter() - t0
+        gloo = _timed(lambda: dist.all_reduce(t), busy["gloo"] if r else None)
         if r:
             times["bare"].append(bare)
             times["pyring"].append(ours)
             times["gloo"].append(gloo)
-    q.put((rank, times))
+    cores = {name: {"user": u / w, "system": k / w} for name, (w, u, k) in busy.items()}
+    q.put((rank, {"times": times, "cores": cores}))
     dist.destroy_process_group()
     comm.close()
     sock.close()
@@ -140,14 +154,17 @@ def main() -> int:
         p.join(timeout=30)
     rows = {}
     for name in ("bare", "pyring", "gloo"):
-        slow = [max(a, b) for a, b in zip(got[0][name], got[1][name])]
+        slow = [max(a, b) for a, b in zip(got[0]["times"][name], got[1]["times"][name])]
         med = statistics.median(slow)
         rows[name] = {"median_s": med, "algbw_GBps": nbytes / med / 1e9,
-                      "min_s": min(slow), "max_s": max(slow)}
-    print(f"# {nbytes} bytes each way, {args.rounds} rounds, median of the slower rank")
+                      "min_s": min(slow), "max_s": max(slow),
+                      "cores_by_rank": [got[r]["cores"][name] for r in range(2)]}
+    print(f"# {nbytes} bytes each way, {args.rounds} rounds, median of the slower rank; "
+          "cores each rank kept busy (user + kernel) during its calls")
     for name, row in rows.items():
+        cores = ", ".join(f"{c['user']:.2f} + {c['system']:.2f}" for c in row["cores_by_rank"])
         print(f"{name:>7}  {row['median_s'] * 1e3:8.2f} ms  {row['algbw_GBps']:5.2f} GB/s "
-              f"(range {row['min_s'] * 1e3:.1f}-{row['max_s'] * 1e3:.1f} ms)")
+              f"(range {row['min_s'] * 1e3:.1f}-{row['max_s'] * 1e3:.1f} ms)  cores {cores}")
     print(f"# pyring vs gloo {rows['gloo']['median_s'] / rows['pyring']['median_s']:.2f}x; "
           f"bare exchange vs gloo {rows['gloo']['median_s'] / rows['bare']['median_s']:.2f}x; "
           f"pyring at {rows['bare']['median_s'] / rows['pyring']['median_s']:.0%} of the bare "
