@@ -18,7 +18,7 @@ from multiproc import run_ranks
 import pyring
 from pyring import _C
 
-CHALLENGE = struct.Struct("<II32s")
+CHALLENGE = struct.Struct("<IHH32s")  # magic, version, nstreams, nonce
 HELLO = struct.Struct("<IiiHH32s32s")  # magic, from, to, stream, nstreams, nonce, mac
 HELLO_MAGIC = 0x50524748
 LATE_S = 1.5
@@ -49,7 +49,7 @@ def _stranger(kind: str, port: int, to: int, answered: list) -> None:
                     answered.append(b"")
                     return
                 data += chunk
-            _, _, nonce = CHALLENGE.unpack(data)
+            _, _, _, nonce = CHALLENGE.unpack(data)
             s.sendall(_hello(os.urandom(32), nonce, 0, to))
             try:
                 answered.append(s.recv(64))

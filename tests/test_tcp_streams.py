@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 import pytest
 import torch
@@ -113,19 +114,27 @@ def test_each_stream_carries_its_share(monkeypatch):
 
 def _init_with_streams(rank, world, store):
     os.environ["PYRING_SOCKET_NSTREAMS"] = str(2 + rank)
-    pyring.init(rank, world, store, set_default=False)
+    t0 = time.monotonic()
+    try:
+        pyring.init(rank, world, store, set_default=False)
+    except pyring.Error as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return None
 
 
 def test_ranks_that_disagree_on_the_stream_count_fail_naming_both(monkeypatch):
     monkeypatch.setenv("PYRING_TRANSPORT", "tcp")
-    monkeypatch.setenv("PYRING_TIMEOUT", "5")
-    results = run_ranks(2, _init_with_streams, allow_failures=True, timeout=60)
-    # Rank 1 accepts rank 0's connections and sees its count; rank 0 gives up at its deadline.
-    kind, message = results[1][:2]
-    assert kind == "CommError", results
-    assert "rank 0 opens 2 tcp stream(s) per link and rank 1 (this process) 3" in message
-    assert "PYRING_SOCKET_NSTREAMS" in message
-    assert results[0] is not None and results[0][0] in ("CommTimeout", "CommError"), results
+    monkeypatch.setenv("PYRING_TIMEOUT", "10")
+    results = run_ranks(2, _init_with_streams, timeout=60)
+    # Rank 0 reads rank 1's count in its challenge, rank 1 rank 0's in its hello: both fail
+    # at once, not at the deadline.
+    for rank, want in [(0, "rank 1 opens 3 tcp stream(s) per link and rank 0 (this process) 2"),
+                       (1, "rank 0 opens 2 tcp stream(s) per link and rank 1 (this process) 3")]:
+        assert results[rank] is not None, results
+        kind, message, seconds = results[rank]
+        assert kind == "CommError" and want in message, results
+        assert "set PYRING_SOCKET_NSTREAMS to the same value on every rank" in message, results
+        assert seconds < 5, results
 
 
 @pytest.mark.parametrize("value", ["0", "17", "two", "-1"])

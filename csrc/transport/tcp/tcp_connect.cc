@@ -224,8 +224,14 @@ std::map<int, std::vector<int>> tcp_establish(int rank, TcpListener& listener,
                        rank, ", this process)");
           std::memcpy(&c.challenge, c.buf, sizeof(Challenge));
           c.hello = make_hello(secret, c.challenge, rank, c.peer, c.stream, nstreams);
-          PYRING_CHECK(send_small(c.fd, &c.hello, sizeof(Hello)), CommError,
-                       "sending the hello from rank ", rank, " to rank ", c.peer, " failed");
+          const bool sent = send_small(c.fd, &c.hello, sizeof(Hello));
+          // The Hello goes even so, for the acceptor to name both counts in its own error.
+          PYRING_CHECK(c.challenge.nstreams == nstreams, CommError, "rank ", c.peer, " opens ",
+                       c.challenge.nstreams, " tcp stream(s) per link and rank ", rank,
+                       " (this process) ", nstreams,
+                       ": set PYRING_SOCKET_NSTREAMS to the same value on every rank");
+          PYRING_CHECK(sent, CommError, "sending the hello from rank ", rank, " to rank ", c.peer,
+                       " failed");
           c.phase = Pending::kOutAck;
           c.got = 0;
           c.need = sizeof(Ack);
@@ -278,7 +284,7 @@ std::map<int, std::vector<int>> tcp_establish(int rank, TcpListener& listener,
           Pending c{Pending::kInHello};
           c.fd = fd;
           c.need = sizeof(Hello);
-          c.challenge = make_challenge();
+          c.challenge = make_challenge(nstreams);
           c.until = Clock::now() + std::chrono::milliseconds(kHelloTimeoutMs);
           if (incoming >= kMaxPendingHellos || !send_small(fd, &c.challenge, sizeof(c.challenge))) {
             ++dropped.overflow;

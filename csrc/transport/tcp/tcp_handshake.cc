@@ -13,7 +13,7 @@ namespace pyring {
 namespace {
 constexpr uint32_t kChallengeMagic = 0x50524743;  // "PRGC"
 constexpr uint32_t kHelloMagic = 0x50524748;      // "PRGH"
-constexpr uint32_t kVersion = 3;
+constexpr uint16_t kVersion = 3;
 constexpr char kHelloLabel[] = "pyring-hello";
 constexpr char kAckLabel[] = "pyring-ack";
 
@@ -39,8 +39,8 @@ void random_nonce(uint8_t* nonce) {
   }
 }
 
-Challenge make_challenge() {
-  Challenge c{kChallengeMagic, kVersion, {}};
+Challenge make_challenge(int nstreams) {
+  Challenge c{kChallengeMagic, kVersion, static_cast<uint16_t>(nstreams), {}};
   random_nonce(c.nonce);
   return c;
 }

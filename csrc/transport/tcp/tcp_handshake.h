@@ -17,9 +17,12 @@ constexpr size_t kSecretBytes = 32;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 
+// `nstreams`: the acceptor's connections per link, so that a connector with another count can
+// fail naming both before it sends its Hello (the Hello's count is the authenticated one).
 struct Challenge {
   uint32_t magic;
-  uint32_t version;
+  uint16_t version;
+  uint16_t nstreams;
   uint8_t nonce[kNonceBytes];
 };
 static_assert(sizeof(Challenge) == 40, "Challenge is part of the wire format");
@@ -52,7 +55,7 @@ enum class HelloVerdict {
 // Fills `nonce` from the kernel's random source.
 void random_nonce(uint8_t* nonce);
 
-Challenge make_challenge();
+Challenge make_challenge(int nstreams = 1);
 bool check_challenge(const uint8_t* bytes, size_t n);  // magic and version
 Hello make_hello(const std::string& secret, const Challenge& challenge, int from_rank, int to_rank,
                  int stream = 0, int nstreams = 1);
