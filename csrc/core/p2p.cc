@@ -262,6 +262,13 @@ void P2pEngine::finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr 
   op->work->finish(err);
 }
 
+void P2pEngine::finish_sent_locked(Peer& p) {
+  while (!p.sends.empty() && p.link->bytes_sent() >= p.sends.front()->end) {
+    finish_locked(p.sends.front(), nullptr);
+    p.sends.pop_front();
+  }
+}
+
 bool P2pEngine::progress_locked() {
   bool moved = false;
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -273,10 +280,7 @@ bool P2pEngine::progress_locked() {
       break_peer_locked(static_cast<int>(i), e.what());
       continue;
     }
-    while (!p.sends.empty() && p.link->bytes_sent() >= p.sends.front()->end) {
-      finish_locked(p.sends.front(), nullptr);
-      p.sends.pop_front();
-    }
+    finish_sent_locked(p);
     while (!p.landing.empty() && p.landing.front()->done) p.landing.pop_front();
   }
   if (in_flight_ > 0 && ++passes_ % 64 == 0) {
@@ -339,6 +343,7 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
                                 : error<CommError>(where(op->addr, op->is_send),
                                                    ": the link is broken: ", why));
   };
+  finish_sent_locked(p);  // their bytes left before the link broke
   for (const auto& op : p.sends) fail(op);
   p.sends.clear();
   for (const auto& op : p.landing) fail(op);

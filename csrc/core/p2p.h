@@ -131,6 +131,8 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   void check_peers_locked();
   void break_peer_locked(int peer, const std::string& why);
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
+  // Completes p's sends whose bytes have all left (Link::bytes_sent).
+  void finish_sent_locked(Peer& p);
   // Spins driving the links until `w` completes or spin_us passes; Work::wait's helper.
   void help(const Work& w);
   // Drives until done(); after spin_us without progress, stops unless `to_the_end`, in which
