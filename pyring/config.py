@@ -43,7 +43,7 @@ class Config:
     flight_entries: int = DEFAULT_FLIGHT_ENTRIES
     # how sends are copied into a peer's shm slots: "auto" (measured), "cached", "streaming"
     shm_copy: str = "auto"
-    # TCP connections per tcp link; messages of more than 64 KiB are striped across them
+    # TCP connections per tcp link; each direction's bytes go to them in turn, 64 KiB at a time
     socket_nstreams: int = 1
 
 
