@@ -15,7 +15,7 @@ try:
 except ImportError:  # pragma: no cover - torch is always present in practice
     torch = None
 
-from . import _C
+from . import _C, _devices
 from .ops import _FAST as _OP_CODE_OF_NAME
 
 # Names and sizes come from the core (csrc/core/types.h), in code order.
@@ -43,6 +43,8 @@ class View(NamedTuple):
     count: int
     dtype: int
     nbytes: int
+    # (kind code, index, stream) of a device buffer (pyring/_devices.py); None on the host.
+    device: tuple | None = None
 
 
 _STRIDED = torch.strided if torch is not None else None
@@ -50,30 +52,40 @@ _Tensor = torch.Tensor if torch is not None else ()
 _new_view = tuple.__new__
 
 
-def view_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
-    """Validates ``obj`` as argument ``name`` of ``op`` and returns its view."""
+def view_of(obj: Any, op: str, name: str, writable: bool = False,
+            devices: bool = False) -> View:
+    """Validates ``obj`` as argument ``name`` of ``op`` and returns its view. With
+    ``devices``, device buffers are taken too (pyring/_devices.py); else they are refused."""
     if isinstance(obj, _Tensor):
         code = _TORCH_CODES.get(obj.dtype)
         if code is None or obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
-            _reject_torch(obj, op, name, code)
+            if devices and code is not None and obj.is_cuda and obj.layout is _STRIDED \
+                    and obj.is_contiguous():
+                return _devices.torch_cuda_view(obj, code, View)
+            _reject_torch(obj, op, name, code, devices)
         n = obj.numel()
-        return _new_view(View, (obj.data_ptr(), n, code, n * _SIZES[code]))
+        return _new_view(View, (obj.data_ptr(), n, code, n * _SIZES[code], None))
     if isinstance(obj, np.ndarray):
         return _numpy_view(obj, op, name, writable)
+    if _devices.is_device_object(obj):
+        if not devices:
+            raise ValueError(f"{op}: {name} is device memory ({type(obj).__name__}); {op} "
+                             f"takes host buffers only")
+        return _devices.interface_view(obj, op, name, writable, View)
     raise TypeError(
-        f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
+        f"{op}: {name} must be a torch.Tensor, numpy.ndarray, an object with "
+        f"__cuda_array_interface__ or a DLPack capsule, got {type(obj).__name__}"
     )
 
 
-def _reject_torch(t: Any, op: str, name: str, code: int | None) -> None:
+def _reject_torch(t: Any, op: str, name: str, code: int | None, devices: bool = False) -> None:
     if code is None:
         raise TypeError(f"{op}: {name} has unsupported dtype {t.dtype} (supported: {_VALID})")
     if t.layout != torch.strided:
         raise TypeError(f"{op}: {name} has layout {t.layout}; only dense (strided) tensors work")
-    if t.device.type != "cpu":
-        raise ValueError(
-            f"{op}: {name} is on device {t.device}; this build of pyring handles CPU tensors"
-        )
+    if t.device.type != "cpu" and (not devices or t.device.type != "cuda"):
+        takes = "CPU and CUDA tensors" if devices else "CPU tensors only"
+        raise ValueError(f"{op}: {name} is on device {t.device}; {op} takes {takes}")
     raise ValueError(
         f"{op}: {name} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); "
         "call .contiguous() first"
@@ -89,7 +101,7 @@ def _numpy_view(a: np.ndarray, op: str, name: str, writable: bool,
         raise ValueError(f"{op}: {name} is not C-contiguous (shape {a.shape}, strides {a.strides})")
     if writable and not a.flags.writeable:
         raise ValueError(f"{op}: {name} is read-only")
-    return View(a.ctypes.data, a.size, code, a.nbytes)
+    return View(a.ctypes.data, a.size, code, a.nbytes, None)
 
 
 def check_same_dtype(op: str, a: View, b: View, a_name: str, b_name: str) -> None:
@@ -111,9 +123,12 @@ def bytes_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
             _reject_torch(obj, op, name, 0)
         n = obj.numel()
         return _new_view(View, (obj.data_ptr(), n, _TORCH_CODES.get(obj.dtype, -1),
-                                n * obj.element_size()))
+                                n * obj.element_size(), None))
     if isinstance(obj, np.ndarray):
         return _numpy_view(obj, op, name, writable, any_dtype=True)
+    if _devices.is_device_object(obj):
+        raise ValueError(f"{op}: {name} is device memory ({type(obj).__name__}); {op} takes "
+                         f"host buffers only")
     raise TypeError(
         f"{op}: {name} must be a torch.Tensor or numpy.ndarray, got {type(obj).__name__}"
     )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 from typing import Any
 
 from . import _desync
 from ._buffers import check_same_dtype, fast_call_args, overlaps, view_of
+from ._devices import common_device, current_stream
 from ._p2p import PointToPoint
 from .config import ALGOS
 from .ops import op_code
@@ -50,6 +52,9 @@ class Communicator(PointToPoint):
                 and type(self).all_reduce is Communicator.all_reduce):
             self.all_reduce = core.fast_all_reduce(*fast_call_args, self._inflight,
                                                    weakref.WeakMethod(self.all_reduce))
+        #: The device this rank's collectives use ('cuda:0', 'sim:1'): set by init(device=...)
+        #: or by the first call on device buffers; None while only host buffers were used.
+        self.device: str | None = None
         self._desync_seq = 0
         self._desync_depth = 0
         #: Connections this rank's tcp listeners dropped during init, by why: 'silent',
@@ -86,8 +91,22 @@ class Communicator(PointToPoint):
             while inflight and inflight[0][0].is_completed():
                 inflight.popleft()
             return None
+        if isinstance(cwork, tuple):  # a device collective: (Work, DeviceTicket)
+            cwork, ticket = cwork
+            work = Work(cwork, result, ticket=ticket,
+                        stream=functools.partial(current_stream, self._device_tuple))
+            # The buffers stay referenced until the device results are in place, so that no
+            # allocator hands their memory out while pyring's stream still copies.
+            self._keep(work, keep)
+            return work
         self._keep(cwork, keep)
         return Work(cwork, result)
+
+    def _on_device(self, op: str, views: list, names: list[str]) -> tuple | None:
+        dev = common_device(self, op, views, names)
+        if dev is not None:
+            self._device_tuple = dev
+        return dev
 
     def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,
                    out: Any = None, algo: str | None = None, wire: str = "fp32",
@@ -121,11 +140,11 @@ class Communicator(PointToPoint):
                 tensor = out
             self._nested(all_reduce_wire, self, tensor, op, wire, state, algo)
             return None
-        src = view_of(tensor, "all_reduce", "tensor", writable=out is None)
+        src = view_of(tensor, "all_reduce", "tensor", writable=out is None, devices=True)
         if out is None:
             out, dst = tensor, src
         else:
-            dst = view_of(out, "all_reduce", "out", writable=True)
+            dst = view_of(out, "all_reduce", "out", writable=True, devices=True)
             check_same_dtype("all_reduce", src, dst, "tensor", "out")
             if dst.count != src.count:
                 raise ValueError(f"all_reduce: out has {dst.count} elements but tensor has "
@@ -134,6 +153,11 @@ class Communicator(PointToPoint):
                 raise ValueError("all_reduce: out partially overlaps tensor")
         if self._detail:
             self._check("all_reduce", src.count, src.dtype, code, -1, algo or "auto")
+        dev = self._on_device("all_reduce", [src, dst], ["tensor", "out"])
+        if dev is not None:
+            w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code,
+                                   dev)
+            return self._launch(out, (tensor, out), async_op, w)
         w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
@@ -144,17 +168,19 @@ class Communicator(PointToPoint):
         if not isinstance(src, int) or not 0 <= src < self.world_size:
             raise ValueError(f"broadcast: src={src!r} is not a rank of a world of "
                              f"{self.world_size}")
-        v = view_of(tensor, "broadcast", "tensor", writable=True)
+        v = view_of(tensor, "broadcast", "tensor", writable=True, devices=True)
+        dev = self._on_device("broadcast", [v], ["tensor"])
         if self._detail:
             self._check("broadcast", v.count, v.dtype, root=src)
-        w = self._c.broadcast(v.ptr, v.count, v.dtype, src, async_op)
+        w = self._c.broadcast(v.ptr, v.count, v.dtype, src, async_op, dev)
         return self._launch(tensor, (tensor,), async_op, w)
 
     def all_gather_into_tensor(self, out: Any, tensor: Any,
                                async_op: bool = False) -> Work | None:
         """Concatenates every rank's ``tensor`` into ``out`` (world_size times larger)."""
-        src = view_of(tensor, "all_gather_into_tensor", "tensor")
-        dst = view_of(out, "all_gather_into_tensor", "out", writable=True)
+        src = view_of(tensor, "all_gather_into_tensor", "tensor", devices=True)
+        dst = view_of(out, "all_gather_into_tensor", "out", writable=True, devices=True)
+        dev = self._on_device("all_gather_into_tensor", [src, dst], ["tensor", "out"])
         check_same_dtype("all_gather_into_tensor", src, dst, "tensor", "out")
         if dst.count != src.count * self.world_size:
             raise ValueError(
@@ -168,15 +194,16 @@ class Communicator(PointToPoint):
                              "rank's slice of it")
         if self._detail:
             self._check("all_gather_into_tensor", src.count, src.dtype)
-        w = self._c.all_gather(src.ptr, dst.ptr, src.count, src.dtype, async_op)
+        w = self._c.all_gather(src.ptr, dst.ptr, src.count, src.dtype, async_op, dev)
         return self._launch(out, (out, tensor), async_op, w)
 
     def reduce_scatter_tensor(self, out: Any, tensor: Any, op: Any = "sum",
                               async_op: bool = False) -> Work | None:
         """Reduces ``tensor`` across ranks; rank r receives slice r into ``out``."""
         code = op_code(op, "reduce_scatter_tensor")
-        src = view_of(tensor, "reduce_scatter_tensor", "tensor")
-        dst = view_of(out, "reduce_scatter_tensor", "out", writable=True)
+        src = view_of(tensor, "reduce_scatter_tensor", "tensor", devices=True)
+        dst = view_of(out, "reduce_scatter_tensor", "out", writable=True, devices=True)
+        dev = self._on_device("reduce_scatter_tensor", [src, dst], ["tensor", "out"])
         check_same_dtype("reduce_scatter_tensor", src, dst, "tensor", "out")
         if src.count != dst.count * self.world_size:
             raise ValueError(
@@ -190,7 +217,8 @@ class Communicator(PointToPoint):
                              "slice of it")
         if self._detail:
             self._check("reduce_scatter_tensor", dst.count, src.dtype, code)
-        w = self._c.reduce_scatter(src.ptr, dst.ptr, dst.count, src.dtype, code, async_op)
+        w = self._c.reduce_scatter(src.ptr, dst.ptr, dst.count, src.dtype, code, async_op,
+                                   dev)
         return self._launch(out, (out, tensor), async_op, w)
 
     def barrier(self, async_op: bool = False) -> Work | None:

@@ -16,12 +16,17 @@ class Work:
     so its callbacks may launch collectives and wait on them.
     """
 
-    __slots__ = ("_work", "_result", "_future", "_finish", "_lock")
+    __slots__ = ("_work", "_result", "_future", "_finish", "_lock", "_ticket", "_stream")
 
-    def __init__(self, work: Any, result: Any, finish: Any = None) -> None:
+    def __init__(self, work: Any, result: Any, finish: Any = None, ticket: Any = None,
+                 stream: Any = None) -> None:
         self._work = work
         self._result = result
         self._future = None
+        # Device collectives (as NCCL's): the ticket of the results on the device, and a
+        # function that returns the caller's current stream when wait() is called.
+        self._ticket = ticket
+        self._stream = stream
         # A copy-out from the exchange's buffer into the outputs (coalesced calls): run once,
         # after success, by whichever of wait(), is_completed() or the future gets there first.
         self._finish = finish
@@ -43,18 +48,36 @@ class Work:
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until done (and the future, if one was made, is set) and returns True; raises
         the collective's error, or CommTimeout when ``timeout`` seconds pass first (the
-        collective itself keeps running)."""
+        collective itself keeps running).
+
+        On device buffers, as NCCL's: the caller's current stream waits for the results and
+        the host does not (an error already known is raised); ``synchronize()`` blocks."""
+        if self._ticket is not None:
+            self._ticket.order_after(self._stream())
+            if self._work.is_completed():
+                self._work.wait(0.0)  # raises the collective's error
+            return True
+        return self.synchronize(timeout)
+
+    def synchronize(self, timeout: float | None = None) -> bool:
+        """Blocks the host until the results are in place (on the device, for device buffers)
+        and returns True; raises as wait() does."""
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise CommTimeout(f"Timed out: {self._work.description} not complete after "
                               f"{timeout} s")
         self._run_finish()
+        if self._ticket is not None:
+            self._ticket.wait_done(-1.0 if timeout is None else float(timeout))
         if self._future is not None:
             # A callback thread sets the future just after the work completes.
             self._future.wait()
         return True
 
     def is_completed(self) -> bool:
+        """Done, with the results in place (on the device, for device buffers)."""
         if not self._work.is_completed():
+            return False
+        if self._ticket is not None and not self._ticket.done():
             return False
         if self._finish is not None:
             try:
@@ -79,6 +102,10 @@ class Work:
             def done(error: BaseException | None) -> None:
                 if error is None:
                     try:
+                        if self._ticket is not None:
+                            # The future's value is the device result: it completes once
+                            # the copies back are done.
+                            self._ticket.wait_done()
                         self._run_finish()
                     except Exception as e:
                         fut.set_exception(e)

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "bindings/bindings.h"
+#include "bindings/device_call.h"
 #include "collectives/collectives.h"
 #include "collectives/selector.h"
 #include "core/communicator.h"
@@ -286,40 +287,88 @@ void register_communicator(py::module_& m) {
       .def(
           "all_reduce",
           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-             bool async_op, int algo) {
+             bool async_op, int algo, const py::object& device) {
             BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              auto regions = in_out_regions(vi, vo);
+              const size_t o = regions.size() - 1;
+              return launch_staged(c, async_op, desc_of("all_reduce", vi, op), da, regions,
+                                   [&c, vi, vo, rop, a, o](Deadline d, uint8_t* const* h) {
+                                     allreduce(c, host_view(vi, h[0]), host_view(vo, h[o]), rop, a,
+                                               d);
+                                   });
+            }
             return launch(c, async_op, desc_of("all_reduce", vi, op),
                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
           },
           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("async_op"), py::arg("algo") = -1)
-      .def("reduce_scatter",
-           [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
-              bool async_op) {
-             BufferView vi = view(in, out_count * static_cast<size_t>(c.size()), dtype);
-             BufferView vo = view(out, out_count, dtype);
-             ReduceOp rop = op_from_int(op);
-             return launch(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
-                           [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
-           })
-      .def("all_gather",
-           [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,
-              bool async_op) {
-             BufferView vi = view(in, in_count, dtype);
-             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
-             return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
-                           [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); });
-           })
-      .def("broadcast",
-           [](Communicator& c, uintptr_t ptr, size_t count, int dtype, int root, bool async_op) {
-             PYRING_CHECK_ARG(root >= 0 && root < c.size(), "broadcast root ", root,
-                              " out of range for world size ", c.size());
-             BufferView v = view(ptr, count, dtype);
-             return launch(c, async_op, desc_of("broadcast", v, -1, root),
-                           [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });
-           })
+          py::arg("async_op"), py::arg("algo") = -1, py::arg("device") = py::none())
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,
+             bool async_op, const py::object& device) {
+            BufferView vi = view(in, out_count * static_cast<size_t>(c.size()), dtype);
+            BufferView vo = view(out, out_count, dtype);
+            ReduceOp rop = op_from_int(op);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              return launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
+                                   {StagedRegion{vi.data, vi.bytes(), true, false},
+                                    StagedRegion{vo.data, vo.bytes(), false, true}},
+                                   [&c, vi, vo, rop](Deadline d, uint8_t* const* h) {
+                                     reduce_scatter(c, host_view(vi, h[0]), host_view(vo, h[1]),
+                                                    rop, d);
+                                   });
+            }
+            return launch(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
+                          [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
+          },
+          py::arg("inp"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("op"),
+          py::arg("async_op"), py::arg("device") = py::none())
+      .def(
+          "all_gather",
+          [](Communicator& c, uintptr_t in, uintptr_t out, size_t in_count, int dtype,
+             bool async_op, const py::object& device) {
+            BufferView vi = view(in, in_count, dtype);
+            BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              return launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
+                                   {StagedRegion{vi.data, vi.bytes(), true, false},
+                                    StagedRegion{vo.data, vo.bytes(), false, true}},
+                                   [&c, vi, vo](Deadline d, uint8_t* const* h) {
+                                     allgather(c, host_view(vi, h[0]), host_view(vo, h[1]), d);
+                                   });
+            }
+            return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
+                          [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); });
+          },
+          py::arg("inp"), py::arg("out"), py::arg("in_count"), py::arg("dtype"),
+          py::arg("async_op"), py::arg("device") = py::none())
+      .def(
+          "broadcast",
+          [](Communicator& c, uintptr_t ptr, size_t count, int dtype, int root, bool async_op,
+             const py::object& device) {
+            PYRING_CHECK_ARG(root >= 0 && root < c.size(), "broadcast root ", root,
+                             " out of range for world size ", c.size());
+            BufferView v = view(ptr, count, dtype);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              const bool root_here = root == c.rank();
+              return launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
+                                   {StagedRegion{v.data, v.bytes(), root_here, !root_here}},
+                                   [&c, v, root](Deadline d, uint8_t* const* h) {
+                                     ring_broadcast(c, host_view(v, h[0]), root, d);
+                                   });
+            }
+            return launch(c, async_op, desc_of("broadcast", v, -1, root),
+                          [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });
+          },
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("async_op"),
+          py::arg("device") = py::none())
       .def("barrier", [](Communicator& c, bool async_op) {
         CollectiveDesc d;
         d.name = "barrier";

@@ -1,13 +1,109 @@
+// Device queries, the DeviceTicket of async device collectives, and the sim device's test
+// hooks (pyring.testing). Addresses are integers; streams are StreamIds.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
 #include "bindings/bindings.h"
+#include "bindings/device_call.h"
+#include "core/errors.h"
+#include "device/sim/sim_runtime.h"
 #include "kernels/cuda_device.h"
 
 namespace pyring::bindings {
+
+namespace {
+
+void* ptr(uintptr_t p) {
+  return reinterpret_cast<void*>(p);
+}
+
+double timeout_or(double timeout_s, double fallback) {
+  return timeout_s < 0 ? fallback : timeout_s;
+}
+
+void register_sim(py::module_& m) {
+  m.def("sim_device_count", [] { return sim_runtime().device_count(); });
+  m.def("sim_alloc", [](int index, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(sim_runtime().alloc(index, bytes));
+  });
+  m.def("sim_free", [](int index, uintptr_t p) { sim_runtime().free(index, ptr(p)); });
+  m.def("sim_allocated_bytes", [] { return sim_runtime().allocated_bytes(); });
+  m.def("sim_create_stream", [](int index) { return sim_runtime().create_stream(index); });
+  m.def("sim_destroy_stream", [](int index, StreamId s) {
+    py::gil_scoped_release nogil;
+    sim_runtime().destroy_stream(index, s);
+  });
+  m.def("sim_synchronize", [](int index, StreamId s) {
+    py::gil_scoped_release nogil;
+    sim_runtime().synchronize(index, s);
+  });
+  m.def("sim_copy", [](int index, uintptr_t dst, uintptr_t src, size_t bytes, StreamId s) {
+    sim_runtime().copy_async(index, ptr(dst), ptr(src), bytes, s);
+  });
+  m.def("sim_set_delay_us", [](int us) { sim_runtime().set_delay_us(us); });
+  m.def(
+      "sim_launch",
+      [](int index, StreamId s, py::function fn) {
+        // Runs on the stream's thread: takes the GIL, and drops `fn` while holding it.
+        auto holder = std::make_shared<py::function>(std::move(fn));
+        sim_runtime().launch(index, s, [holder] {
+          py::gil_scoped_acquire gil;
+          std::string error;
+          try {
+            (*holder)();
+          } catch (py::error_already_set& e) {
+            error = e.what();
+          }
+          *holder = py::function();
+          if (!error.empty()) throw std::runtime_error(error);
+        });
+      },
+      py::arg("index"), py::arg("stream"), py::arg("fn"),
+      "Queues fn() on a sim stream: a kernel of the test's own.");
+  m.def("sim_ipc_handle", [](int index, uintptr_t p) {
+    IpcHandle h = sim_runtime().ipc_handle(index, ptr(p));
+    return py::bytes(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
+  });
+  m.def("sim_ipc_open", [](int index, py::bytes handle) {
+    std::string b = handle;
+    PYRING_CHECK_ARG(b.size() == sizeof(IpcHandle::bytes), "an IPC handle has ",
+                     sizeof(IpcHandle::bytes), " bytes, got ", b.size());
+    IpcHandle h;
+    std::memcpy(h.bytes, b.data(), b.size());
+    return reinterpret_cast<uintptr_t>(sim_runtime().ipc_open(index, h));
+  });
+  m.def("sim_ipc_close", [](int index, uintptr_t p) { sim_runtime().ipc_close(index, ptr(p)); });
+}
+
+}  // namespace
 
 void register_device(py::module_& m) {
   m.def("built_with_cuda", &built_with_cuda, "True when the CUDA kernels were compiled in.");
   m.def("cuda_device_count", &cuda_device_count,
         "Usable CUDA devices; 0 without CUDA, a driver or a device.");
   m.def("cuda_device_name", &cuda_device_name, py::arg("index"));
+  py::list kinds;
+  for (int k = 0; k < kNumDeviceKinds; ++k) kinds.append(device_kind_name(DeviceKind(k)));
+  m.attr("DEVICE_KIND_NAMES") = py::tuple(kinds);
+  py::class_<DeviceTicket>(m, "DeviceTicket")
+      .def_property_readonly("device",
+                             [](const DeviceTicket& t) { return t.queue->device().str(); })
+      .def(
+          "order_after",
+          [](const DeviceTicket& t, StreamId stream) { t.queue->order_after(stream, t.ticket); },
+          py::arg("stream"), "Queues on `stream` a wait for the collective's device results.")
+      .def("done", [](const DeviceTicket& t) { return t.queue->done(t.ticket); })
+      .def(
+          "wait_done",
+          [](const DeviceTicket& t, double timeout_s) {
+            py::gil_scoped_release nogil;
+            t.queue->wait_done(t.ticket, Deadline::after(timeout_or(timeout_s, 1e9)));
+          },
+          py::arg("timeout_s") = -1.0,
+          "Blocks until the device results are in place; CommTimeout after timeout_s.");
+  register_sim(m);
 }
 
 }  // namespace pyring::bindings

@@ -108,6 +108,15 @@ Link& Communicator::link(int peer) {
   return *links_[static_cast<size_t>(peer)];
 }
 
+std::shared_ptr<DeviceQueue> Communicator::device_queue(const Device& device) {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  for (const auto& q : device_queues_) {
+    if (q->device() == device) return q;
+  }
+  device_queues_.push_back(std::make_shared<DeviceQueue>(device));
+  return device_queues_.back();
+}
+
 uint8_t* Communicator::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();

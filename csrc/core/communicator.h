@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/device_queue.h"
 #include "core/flight_recorder.h"
 #include "core/p2p.h"
 #include "core/progress.h"
@@ -112,6 +113,10 @@ class Communicator {
   uint64_t single_copy_read() const { return single_copy_read_.load(); }
   void add_single_copy_read(uint64_t bytes) { single_copy_read_.fetch_add(bytes); }
 
+  // The queue that orders and stages this communicator's collectives on `device`, made on
+  // first use. Thread-safe.
+  std::shared_ptr<DeviceQueue> device_queue(const Device& device);
+
   // Scratch memory for the collective that runs now; valid until the next call.
   uint8_t* scratch(size_t bytes);
 
@@ -167,6 +172,8 @@ class Communicator {
   std::set<std::string> logged_;  // guarded by log_mu_
   std::mutex choice_mu_;
   std::unordered_map<size_t, Algo> choices_;  // guarded by choice_mu_
+  std::mutex device_mu_;
+  std::vector<std::shared_ptr<DeviceQueue>> device_queues_;  // guarded by device_mu_
   std::shared_ptr<P2pEngine> p2p_;
   ProgressEngine engine_;  // last: its thread stops before the links go away
 };

@@ -118,4 +118,27 @@ const char* collective_kind_name(uint32_t kind) {
   return "an unknown collective";
 }
 
+const char* device_kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kSim:
+      return "sim";
+  }
+  return "unknown";
+}
+
+DeviceKind device_kind_from_int(int v) {
+  PYRING_CHECK_ARG(v >= 0 && v < kNumDeviceKinds, "device kind code ", v,
+                   " out of range (valid: 0..", kNumDeviceKinds - 1, ")");
+  return static_cast<DeviceKind>(v);
+}
+
+std::string Device::str() const {
+  if (is_cpu()) return "cpu";
+  return str_cat(device_kind_name(kind), ":", index);
+}
+
 }  // namespace pyring

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace pyring {
 
@@ -75,12 +76,37 @@ struct Deadline {
   }
 };
 
+// Where a buffer lives. Codes defined once here; the bindings export the names in code order
+// (pyring._C.DEVICE_KIND_NAMES).
+enum class DeviceKind : int { kCpu = 0, kCuda = 1, kSim = 2 };
+constexpr int kNumDeviceKinds = 3;
+const char* device_kind_name(DeviceKind k);  // "cpu", "cuda", "sim"
+DeviceKind device_kind_from_int(int v);      // throws InvalidArgument naming the valid range
+
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = -1;  // -1 for the host
+
+  bool is_cpu() const { return kind == DeviceKind::kCpu; }
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const;  // "cpu", "cuda:0", "sim:1"
+};
+
+// A stream of one device as an integer: a cudaStream_t (0: the legacy default stream), or a
+// sim stream's id (0: the device's default stream).
+using StreamId = uintptr_t;
 // A typed view of caller memory. The caller keeps the memory alive and unchanged (for inputs)
 // until the collective completes.
+// The buffer descriptor: it travels from the Python edge to the kernels and links. `stream` is
+// the caller's stream on `device` (0 on the host): work queued on it before the call is what
+// the collective must see, and work queued after it must see the result.
 struct BufferView {
   void* data = nullptr;
   size_t count = 0;
   DType dtype = DType::kFloat32;
+  Device device;
+  StreamId stream = 0;
 
   size_t bytes() const { return count * dtype_size(dtype); }
   uint8_t* at(size_t elem) const { return static_cast<uint8_t*>(data) + elem * dtype_size(dtype); }

@@ -1,0 +1,66 @@
+#include "bindings/device_call.h"
+
+#include <pybind11/stl.h>
+
+#include "core/errors.h"
+
+namespace pyring::bindings {
+
+DeviceArgs device_args(const py::object& device) {
+  DeviceArgs a;
+  if (device.is_none()) return a;
+  auto t = device.cast<std::tuple<int, int, uintptr_t>>();
+  a.device.kind = device_kind_from_int(std::get<0>(t));
+  a.device.index = a.device.is_cpu() ? -1 : std::get<1>(t);
+  PYRING_CHECK_ARG(a.device.is_cpu() || a.device.index >= 0, "device index ", std::get<1>(t),
+                   " is negative");
+  a.stream = std::get<2>(t);
+  return a;
+}
+
+std::vector<StagedRegion> in_out_regions(const BufferView& in, const BufferView& out) {
+  if (in.data == out.data && in.bytes() == out.bytes()) {
+    return {StagedRegion{in.data, in.bytes(), true, true}};
+  }
+  return {StagedRegion{in.data, in.bytes(), true, false},
+          StagedRegion{out.data, out.bytes(), false, true}};
+}
+
+BufferView host_view(const BufferView& v, uint8_t* host) {
+  BufferView h = v;
+  h.data = host;
+  h.device = Device{};
+  h.stream = 0;
+  return h;
+}
+
+py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                         const DeviceArgs& args, std::vector<StagedRegion> regions,
+                         std::function<void(Deadline, uint8_t* const*)> fn) {
+  py::gil_scoped_release nogil;
+  std::shared_ptr<DeviceQueue> q = comm.device_queue(args.device);
+  const uint64_t ticket = q->enter(args.stream, Deadline::after(comm.options().timeout_s));
+  auto staged = [q, ticket, regions = std::move(regions), fn = std::move(fn)](Deadline d) {
+    q->run(ticket, regions, fn, d);
+  };
+  if (async_op) {
+    std::shared_ptr<Work> work = comm.submit(desc, std::move(staged));
+    // A work that fails, or never runs, still releases the streams waiting for it.
+    work->add_callback([q, ticket](std::exception_ptr err) {
+      if (err) q->abandon(ticket);
+    });
+    py::gil_scoped_acquire gil;
+    return py::make_tuple(work, DeviceTicket{q, ticket});
+  }
+  try {
+    comm.run_sync(desc, staged);
+  } catch (...) {
+    q->abandon(ticket);
+    throw;
+  }
+  q->order_after(args.stream, ticket);
+  py::gil_scoped_acquire gil;
+  return py::none();
+}
+
+}  // namespace pyring::bindings

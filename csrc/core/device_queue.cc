@@ -1,0 +1,119 @@
+#include "core/device_queue.h"
+
+#include "core/errors.h"
+
+namespace pyring {
+
+namespace {
+constexpr size_t kRegionAlign = 256;
+size_t aligned(size_t n) {
+  return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+}
+}  // namespace
+
+DeviceQueue::DeviceQueue(Device device) : device_(device), rt_(device_runtime(device.kind)) {
+  PYRING_CHECK_ARG(!device.is_cpu(), "a device queue needs a device, not the host");
+  flags_ = static_cast<Flag*>(rt_.alloc_host(device_.index, (2 * kSlots + 1) * sizeof(Flag)));
+  for (size_t i = 0; i < 2 * kSlots + 1; ++i) new (&flags_[i]) Flag(0);
+  entered_ = flags_;
+  done_ = flags_ + kSlots;
+  copied_ = flags_ + 2 * kSlots;
+  try {
+    stream_ = rt_.create_stream(device_.index);
+  } catch (...) {
+    rt_.free_host(device_.index, flags_);
+    throw;
+  }
+}
+
+DeviceQueue::~DeviceQueue() {
+  try {
+    rt_.synchronize(device_.index, stream_);
+  } catch (const std::exception&) {  // the device failed: free what can be freed
+  }
+  rt_.destroy_stream(device_.index, stream_);
+  if (staging_) rt_.free_host(device_.index, staging_);
+  rt_.free_host(device_.index, flags_);
+}
+
+uint64_t DeviceQueue::enter(StreamId stream, Deadline deadline) {
+  const uint64_t ticket = next_ticket_.fetch_add(1) + 1;
+  if (ticket > kSlots) {
+    wait_done(ticket - kSlots, deadline);  // its slots are about to be reused
+  }
+  rt_.write_flag(device_.index, stream, &slot(entered_, ticket), ticket);
+  return ticket;
+}
+
+uint8_t* DeviceQueue::staging(size_t bytes) {
+  if (bytes <= staging_bytes_) return staging_;
+  // Earlier collectives' copies back may still read the old staging memory.
+  rt_.synchronize(device_.index, stream_);
+  if (staging_) rt_.free_host(device_.index, staging_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
+  staging_ = static_cast<uint8_t*>(rt_.alloc_host(device_.index, bytes));
+  staging_bytes_ = bytes;
+  return staging_;
+}
+
+void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
+                      const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline) {
+  try {
+    host_wait_flag(&slot(entered_, ticket), ticket, deadline,
+                   "the work queued on the caller's stream before the collective");
+    size_t total = 0;
+    for (const auto& r : regions) total += aligned(r.bytes);
+    uint8_t* base = staging(total);
+    std::vector<uint8_t*> host(regions.size());
+    size_t off = 0;
+    bool copies = false;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      host[i] = base + off;
+      off += aligned(regions[i].bytes);
+      if (regions[i].read && regions[i].bytes > 0) {
+        rt_.copy_async(device_.index, host[i], regions[i].data, regions[i].bytes, stream_);
+        copies = true;
+      }
+    }
+    if (copies) {
+      rt_.write_flag(device_.index, stream_, copied_, ticket);
+      host_wait_flag(copied_, ticket, deadline, "the copy of the inputs from the device");
+    }
+    fn(deadline, host.data());
+    for (size_t i = 0; i < regions.size(); ++i) {
+      if (regions[i].write && regions[i].bytes > 0) {
+        rt_.copy_async(device_.index, regions[i].data, host[i], regions[i].bytes, stream_);
+      }
+    }
+    rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
+  } catch (...) {
+    release(ticket);
+    throw;
+  }
+}
+
+void DeviceQueue::release(uint64_t ticket) noexcept {
+  try {
+    rt_.synchronize(device_.index, stream_);
+  } catch (const std::exception&) {  // the stream is broken: nothing of it will write the flag
+  }
+  Flag& f = slot(done_, ticket);
+  uint64_t cur = f.load();
+  while (cur < ticket && !f.compare_exchange_weak(cur, ticket)) {
+  }
+}
+
+void DeviceQueue::order_after(StreamId stream, uint64_t ticket) {
+  rt_.wait_flag(device_.index, stream, &slot(done_, ticket), ticket);
+}
+
+bool DeviceQueue::done(uint64_t ticket) const {
+  return slot(done_, ticket).load(std::memory_order_acquire) >= ticket;
+}
+
+void DeviceQueue::wait_done(uint64_t ticket, Deadline deadline) const {
+  host_wait_flag(&slot(done_, ticket), ticket, deadline, "the collective's results on the device");
+}
+
+}  // namespace pyring

@@ -1,0 +1,86 @@
+// Device buffers in a collective: ordering with the caller's stream, and staging through pinned
+// host memory so that every algorithm and link runs on host memory.
+//
+// One DeviceQueue per communicator and device. Each collective on device buffers takes a ticket:
+// - enter() (caller's thread) queues on the caller's stream the raise of the ticket's
+//   "entered" flag: the collective starts only after the work queued before the call;
+// - run() (the thread running the collective) waits for that flag, copies the inputs to the
+//   staging memory on pyring's own stream, runs the host collective, queues the copies of the
+//   outputs back and the raise of the ticket's "done" flag after them;
+// - order_after() (caller's thread) queues on a stream a wait for "done": work queued after it
+//   sees the result, and the host is not blocked.
+// A ticket whose collective fails or times out still has its done flag raised (after pyring's
+// stream drains), so that no stream waits forever; its outputs are then unspecified.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "core/types.h"
+#include "device/runtime.h"
+
+namespace pyring {
+
+// One buffer of a collective as the device sees it. Regions are staged separately, so two
+// regions that overlap on the device do not alias on the host.
+struct StagedRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+  bool read = false;   // copied to the host before the collective
+  bool write = false;  // copied back to the device after it
+};
+
+class DeviceQueue {
+ public:
+  // Tickets whose flags are in flight at once; enter() waits for the oldest beyond this.
+  static constexpr uint64_t kSlots = 1024;
+
+  explicit DeviceQueue(Device device);
+  // Waits for pyring's stream to drain, then frees the stream, flags and staging memory.
+  ~DeviceQueue();
+  DeviceQueue(const DeviceQueue&) = delete;
+  DeviceQueue& operator=(const DeviceQueue&) = delete;
+
+  const Device& device() const { return device_; }
+
+  // Caller's thread: a new ticket, after queueing its "entered" flag on `stream`.
+  uint64_t enter(StreamId stream, Deadline deadline);
+  // The thread running the collective: stages `regions`, runs fn(deadline, host copies in
+  // region order) and queues the copies back. Throws what fn throws, or TimeoutError when the
+  // caller's stream does not reach the ticket before the deadline.
+  void run(uint64_t ticket, const std::vector<StagedRegion>& regions,
+           const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline);
+  // Caller's thread: queues on `stream` a wait for the ticket's done flag.
+  void order_after(StreamId stream, uint64_t ticket);
+  // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
+  // whose collective failed, or never ran (the communicator broke, or closed, first).
+  void abandon(uint64_t ticket) noexcept { release(ticket); }
+  // The ticket's device results are in place.
+  bool done(uint64_t ticket) const;
+  // Blocks the host until done(ticket), or throws TimeoutError at the deadline.
+  void wait_done(uint64_t ticket, Deadline deadline) const;
+  // Host memory the staging has reserved (allocated once, grown to the largest collective).
+  size_t staging_bytes() const { return staging_bytes_; }
+
+ private:
+  Flag& slot(Flag* flags, uint64_t ticket) const { return flags[ticket % kSlots]; }
+  // Raises the ticket's done flag from the host once pyring's stream has drained.
+  void release(uint64_t ticket) noexcept;
+  uint8_t* staging(size_t bytes);
+
+  Device device_;
+  DeviceRuntime& rt_;
+  StreamId stream_ = 0;    // pyring's stream: staging copies and done flags, in ticket order
+  Flag* flags_ = nullptr;  // kSlots "entered", kSlots "done", one "copied in"
+  Flag* entered_ = nullptr;
+  Flag* done_ = nullptr;
+  Flag* copied_ = nullptr;
+  std::atomic<uint64_t> next_ticket_{0};
+  uint8_t* staging_ = nullptr;  // touched only by the running collective
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace pyring

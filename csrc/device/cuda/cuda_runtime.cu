@@ -1,0 +1,345 @@
+#include <cuda.h>  // CU* types only: libcuda is not linked, its functions are looked up at run time
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/errors.h"
+#include "device/cuda/cuda_runtime.h"
+#include "kernels/cuda_kernels.h"
+
+// Throws CudaError naming `call`, device `index` and CUDA's message when `call` does not return
+// cudaSuccess. Clears the thread's last error before throwing, so that a later launch check
+// (cudaGetLastError) does not report this failure again.
+#define PYRING_CUDA_CHECK_ON(index, call)                                                      \
+  do {                                                                                         \
+    const cudaError_t pyring_err_ = (call);                                                    \
+    if (pyring_err_ != cudaSuccess) {                                                          \
+      cudaGetLastError();                                                                      \
+      PYRING_THROW(::pyring::CudaError, #call, " failed on CUDA device ", (index), ": ",       \
+                   cudaGetErrorName(pyring_err_), " (", cudaGetErrorString(pyring_err_), ")"); \
+    }                                                                                          \
+  } while (0)
+
+namespace pyring {
+namespace {
+
+static_assert(sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t) <= sizeof(IpcHandle::bytes),
+              "an IpcHandle holds a cudaIpcMemHandle_t and a 64-bit offset");
+static_assert(sizeof(Flag) == sizeof(uint64_t) && alignof(Flag) >= 8,
+              "a flag is an aligned 64-bit word the stream memory operations read and write");
+
+// The driver API version whose prototypes the PFN types below describe.
+constexpr unsigned int kDriverApiVersion = 12000;
+
+// The driver functions pyring calls, looked up once per process. A null function is missing
+// from the driver (or there is no driver); `missing` says which and why.
+struct DriverApi {
+  PFN_cuStreamWriteValue64_v11070 write_value64 = nullptr;
+  PFN_cuStreamWaitValue64_v11070 wait_value64 = nullptr;
+  PFN_cuMemGetAddressRange_v3020 get_address_range = nullptr;
+  PFN_cuGetErrorString_v6000 error_string = nullptr;
+  std::string missing;
+};
+
+template <class Fn>
+void lookup(const char* symbol, Fn* fn, std::string* missing) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &p, kDriverApiVersion, cudaEnableDefault, &status);
+  if (err == cudaSuccess && status == cudaDriverEntryPointSuccess && p != nullptr) {
+    *fn = reinterpret_cast<Fn>(p);
+    return;
+  }
+  if (err != cudaSuccess) cudaGetLastError();
+  const std::string why =
+      err != cudaSuccess
+          ? str_cat("cudaGetDriverEntryPointByVersion failed: ", cudaGetErrorString(err),
+                    " (a driver older than CUDA 12.0, or none)")
+      : status == cudaDriverEntryPointVersionNotSufficent
+          ? std::string("not available at driver API version 12.0")
+          : std::string("not provided by the driver");
+  missing->append(str_cat(missing->empty() ? "" : "; ", symbol, ": ", why));
+}
+
+const DriverApi& driver() {
+  static const DriverApi api = [] {
+    DriverApi a;
+    lookup("cuStreamWriteValue64", &a.write_value64, &a.missing);
+    lookup("cuStreamWaitValue64", &a.wait_value64, &a.missing);
+    lookup("cuMemGetAddressRange", &a.get_address_range, &a.missing);
+    lookup("cuGetErrorString", &a.error_string, &a.missing);
+    return a;
+  }();
+  return api;
+}
+
+// Throws CudaError naming `call`, device `index` and the driver's message unless r succeeded.
+void check_driver(CUresult r, const char* call, int index) {
+  if (r == CUDA_SUCCESS) return;
+  const char* msg = nullptr;
+  if (driver().error_string == nullptr || driver().error_string(r, &msg) != CUDA_SUCCESS) {
+    msg = nullptr;
+  }
+  PYRING_THROW(CudaError, call, " failed on CUDA device ", index, ": CUresult ",
+               static_cast<int>(r), " (", msg ? msg : "unknown error", ")");
+}
+
+// The stream memory operations; throws CudaError when the driver lacks them.
+const DriverApi& stream_mem_ops(int index) {
+  const DriverApi& d = driver();
+  PYRING_CHECK(d.write_value64 != nullptr && d.wait_value64 != nullptr, CudaError,
+               "stream memory operations are unavailable on CUDA device ", index, " (", d.missing,
+               ")");
+  return d;
+}
+
+cudaStream_t to_stream(StreamId s) {
+  return reinterpret_cast<cudaStream_t>(s);
+}
+void* to_ptr(StreamId s) {
+  return reinterpret_cast<void*>(s);
+}
+// With unified addressing a pointer (device memory, or mapped pinned host memory) is its own
+// device address.
+CUdeviceptr to_address(const void* p) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
+}
+
+// Whether this thread has called cudaSetDevice, which also makes the device's primary context
+// current for the driver functions (a thread's default device 0 has no current context).
+thread_local bool t_context_bound = false;
+
+// Makes device `index` and its primary context current on the calling thread, and leaves them
+// current: restoring the previous device would create a context on the default device 0 in a
+// process that uses another one. Throws CudaError.
+void use_device(int index) {
+  int current = -1;
+  PYRING_CUDA_CHECK_ON(index, cudaGetDevice(&current));
+  if (current != index || !t_context_bound) {
+    PYRING_CUDA_CHECK_ON(index, cudaSetDevice(index));
+    t_context_bound = true;
+  }
+}
+
+// use_device for the noexcept methods: a failure is left to the call that follows.
+void use_device_nothrow(int index) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    cudaGetLastError();
+  } else if (current == index && t_context_bound) {
+    return;
+  }
+  if (cudaSetDevice(index) == cudaSuccess) {
+    t_context_bound = true;
+  } else {
+    cudaGetLastError();
+  }
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+
+  int device_count() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver" error
+      return 0;
+    }
+    return n;
+  }
+
+  void* alloc(int index, size_t bytes) override {
+    use_device(index);
+    void* p = nullptr;
+    PYRING_CUDA_CHECK_ON(index, cudaMalloc(&p, bytes));
+    return p;
+  }
+
+  void free(int index, void* p) noexcept override {
+    if (p == nullptr) return;
+    use_device_nothrow(index);
+    if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  }
+
+  // Zeroed, mapped into every device's address space (portable and mapped).
+  void* alloc_host(int index, size_t bytes) override {
+    use_device(index);
+    void* p = nullptr;
+    PYRING_CUDA_CHECK_ON(index,
+                         cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    if (p != nullptr) std::memset(p, 0, bytes);
+    return p;
+  }
+
+  void free_host(int index, void* p) noexcept override {
+    if (p == nullptr) return;
+    use_device_nothrow(index);
+    if (cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+  }
+
+  StreamId create_stream(int index) override {
+    use_device(index);
+    cudaStream_t s = nullptr;
+    PYRING_CUDA_CHECK_ON(index, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return reinterpret_cast<StreamId>(s);
+  }
+
+  void destroy_stream(int index, StreamId s) noexcept override {
+    if (s == 0) return;  // the legacy default stream is not ours to destroy
+    use_device_nothrow(index);
+    if (cudaStreamDestroy(to_stream(s)) != cudaSuccess) cudaGetLastError();
+  }
+
+  void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
+    use_device(index);
+    PYRING_CUDA_CHECK_ON(index, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(s)));
+  }
+
+  void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    use_device(index);
+    const DriverApi& d = stream_mem_ops(index);
+    check_driver(
+        d.write_value64(to_stream(s), to_address(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue64", index);
+  }
+
+  void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    use_device(index);
+    const DriverApi& d = stream_mem_ops(index);
+    check_driver(d.wait_value64(to_stream(s), to_address(flag), value, CU_STREAM_WAIT_VALUE_GEQ),
+                 "cuStreamWaitValue64", index);
+  }
+
+  void synchronize(int index, StreamId s) override {
+    use_device(index);
+    PYRING_CUDA_CHECK_ON(index, cudaStreamSynchronize(to_stream(s)));
+  }
+
+  void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
+                         void* acc, size_t n, StreamId s) override {
+    use_device(index);
+    cuda_reduce_accumulate(dtype, op, a, b, acc, n, to_ptr(s));
+  }
+
+  void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
+                     size_t n, int world, StreamId s) override {
+    use_device(index);
+    cuda_reduce_finish(dtype, op, a, b, out, n, world, to_ptr(s));
+  }
+
+  void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
+            StreamId s) override {
+    use_device(index);
+    cuda_cast(from, to, in, out, n, to_ptr(s));
+  }
+
+  // Holds the device's workspace until the encode has synchronized s.
+  size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
+                       OnebitHeader* header, StreamId s) override {
+    use_device(index);
+    OnebitWorkspace& ws = onebit_workspace(index);
+    std::lock_guard<std::mutex> lock(ws.mu);
+    if (ws.ptr == nullptr) {
+      PYRING_CUDA_CHECK_ON(index, cudaMalloc(&ws.ptr, cuda_onebit_workspace_bytes()));
+    }
+    return cuda_onebit_encode(in, residual, n, out, ws.ptr, header, to_ptr(s));
+  }
+
+  void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
+                     float alpha, bool accumulate, float* out, StreamId s) override {
+    use_device(index);
+    cuda_onebit_decode(header, encoded, n, alpha, accumulate, out, to_ptr(s));
+  }
+
+  // bytes: the cudaIpcMemHandle_t of p's allocation, then p's offset in it (8 bytes, host
+  // order).
+  IpcHandle ipc_handle(int index, void* p) override {
+    use_device(index);
+    const DriverApi& d = driver();
+    PYRING_CHECK(d.get_address_range != nullptr, CudaError,
+                 "cuMemGetAddressRange is unavailable on CUDA device ", index, " (", d.missing,
+                 ")");
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    check_driver(d.get_address_range(&base, &size, to_address(p)), "cuMemGetAddressRange", index);
+    cudaIpcMemHandle_t mem{};
+    PYRING_CUDA_CHECK_ON(
+        index, cudaIpcGetMemHandle(&mem, reinterpret_cast<void*>(static_cast<uintptr_t>(base))));
+    const uint64_t offset = to_address(p) - base;
+    IpcHandle h;
+    std::memcpy(h.bytes, &mem, sizeof(mem));
+    std::memcpy(h.bytes + sizeof(mem), &offset, sizeof(offset));
+    return h;
+  }
+
+  void* ipc_open(int index, const IpcHandle& h) override {
+    cudaIpcMemHandle_t mem;
+    uint64_t offset = 0;
+    std::memcpy(&mem, h.bytes, sizeof(mem));
+    std::memcpy(&offset, h.bytes + sizeof(mem), sizeof(offset));
+    use_device(index);
+    void* base = nullptr;
+    PYRING_CUDA_CHECK_ON(index, cudaIpcOpenMemHandle(&base, mem, cudaIpcMemLazyEnablePeerAccess));
+    void* p = static_cast<char*>(base) + offset;
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    IpcMapping& m = ipc_opened_[p];
+    m.base = base;
+    ++m.opens;
+    return p;
+  }
+
+  // Unknown pointers are ignored.
+  void ipc_close(int index, void* p) noexcept override {
+    void* base = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(ipc_mu_);
+      auto it = ipc_opened_.find(p);
+      if (it == ipc_opened_.end()) return;
+      base = it->second.base;
+      if (--it->second.opens == 0) ipc_opened_.erase(it);
+    }
+    use_device_nothrow(index);
+    if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  struct OnebitWorkspace {
+    std::mutex mu;
+    void* ptr = nullptr;  // device memory, never freed
+  };
+  // Each open of a handle is matched by one close of its base (the driver counts opens of the
+  // same allocation), so a pointer opened twice stays mapped until closed twice.
+  struct IpcMapping {
+    void* base = nullptr;
+    int opens = 0;
+  };
+
+  OnebitWorkspace& onebit_workspace(int index) {
+    std::lock_guard<std::mutex> lock(onebit_mu_);
+    std::unique_ptr<OnebitWorkspace>& ws = onebit_[index];
+    if (!ws) ws = std::make_unique<OnebitWorkspace>();
+    return *ws;
+  }
+
+  std::mutex onebit_mu_;
+  std::unordered_map<int, std::unique_ptr<OnebitWorkspace>> onebit_;
+  std::mutex ipc_mu_;
+  std::unordered_map<void*, IpcMapping> ipc_opened_;
+};
+
+}  // namespace
+
+DeviceRuntime& cuda_runtime() {
+  // Never destroyed: CUDA may be torn down before static destructors run at exit.
+  static CudaRuntime* runtime = new CudaRuntime();
+  return *runtime;
+}
+
+}  // namespace pyring

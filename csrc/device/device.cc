@@ -1,0 +1,36 @@
+#include <thread>
+
+#include "core/errors.h"
+#include "device/cuda/cuda_runtime.h"
+#include "device/runtime.h"
+#include "device/sim/sim_runtime.h"
+
+namespace pyring {
+
+DeviceRuntime& device_runtime(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCuda:
+      return cuda_runtime();
+    case DeviceKind::kSim:
+      return sim_runtime();
+    case DeviceKind::kCpu:
+      break;
+  }
+  PYRING_THROW(InvalidArgument, "the host has no device runtime");
+}
+
+void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what) {
+  constexpr int kSpins = 2000;
+  for (int i = 0; i < kSpins; ++i) {
+    if (flag->load(std::memory_order_acquire) >= value) return;
+    cpu_relax();
+  }
+  auto step = std::chrono::microseconds(20);
+  while (flag->load(std::memory_order_acquire) < value) {
+    PYRING_CHECK(!deadline.expired(), TimeoutError, "timed out waiting for ", what);
+    std::this_thread::sleep_for(step);
+    if (step < std::chrono::microseconds(1000)) step *= 2;
+  }
+}
+
+}  // namespace pyring

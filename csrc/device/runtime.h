@@ -1,0 +1,85 @@
+// The device seam: memory, pinned host memory, streams, flags, copies, kernels and IPC handles
+// of one kind of device. Two implementations sit behind it: CUDA (device/cuda/, the real one)
+// and sim (device/sim/, for tests only: host memory in shared-memory files, one worker thread
+// per stream). Nothing above this header includes a CUDA header.
+//
+// Ordering between the caller's stream, the progress thread and pyring's own stream uses
+// flags: 64-bit counters in host memory from alloc_host() that a stream or a host thread
+// raises and that a stream or a host thread waits on (CUDA: stream memory operations on
+// mapped pinned memory; sim: atomics). A flag's value only grows.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/types.h"
+#include "kernels/onebit.h"
+
+namespace pyring {
+
+using Flag = std::atomic<uint64_t>;
+
+// An allocation another process of this host can map: opaque bytes, published through the
+// store.
+struct IpcHandle {
+  uint8_t bytes[72] = {};
+};
+
+// Every method may be called from any thread; `index` names the device. Failures throw
+// CudaError naming the call and the device.
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual DeviceKind kind() const = 0;
+  // Usable devices; 0 where there is no driver or no device (never throws).
+  virtual int device_count() = 0;
+
+  virtual void* alloc(int index, size_t bytes) = 0;
+  virtual void free(int index, void* p) noexcept = 0;
+  // Host memory the device copies to and from at full speed and whose flags it reads and writes.
+  virtual void* alloc_host(int index, size_t bytes) = 0;
+  virtual void free_host(int index, void* p) noexcept = 0;
+
+  // A stream that does not wait for the default stream.
+  virtual StreamId create_stream(int index) = 0;
+  virtual void destroy_stream(int index, StreamId s) noexcept = 0;
+  // Queues a copy of `bytes` from src to dst (device or alloc_host memory) on s.
+  virtual void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) = 0;
+  // Queues *flag = value, run once the work queued before it on s has finished.
+  virtual void write_flag(int index, StreamId s, Flag* flag, uint64_t value) = 0;
+  // Queues a wait: work queued after it on s starts once *flag >= value.
+  virtual void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) = 0;
+  // Blocks the calling thread until the work queued on s has finished.
+  virtual void synchronize(int index, StreamId s) = 0;
+
+  // The kernels of kernels/reduce.h and kernels/onebit.h on device memory, queued on s.
+  virtual void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
+                                 void* acc, size_t n, StreamId s) = 0;
+  virtual void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b,
+                             void* out, size_t n, int world, StreamId s) = 0;
+  virtual void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
+                    StreamId s) = 0;
+  // Encodes without mask caches; synchronizes s to return the bytes written and the header.
+  virtual size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
+                               OnebitHeader* header, StreamId s) = 0;
+  virtual void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded,
+                             size_t n, float alpha, bool accumulate, float* out, StreamId s) = 0;
+
+  // A handle to the allocation `p` (from alloc) that ipc_open maps in another process of this
+  // host; ipc_close unmaps it there. Throws CudaError where the runtime refuses IPC.
+  virtual IpcHandle ipc_handle(int index, void* p) = 0;
+  virtual void* ipc_open(int index, const IpcHandle& h) = 0;
+  virtual void ipc_close(int index, void* p) noexcept = 0;
+};
+
+// The runtime of `kind` (kCuda or kSim). Throws InvalidArgument for kCpu, and CudaError for
+// kCuda when pyring was built without CUDA.
+DeviceRuntime& device_runtime(DeviceKind kind);
+
+// Blocks the calling thread until *flag >= value: spins briefly, then sleeps in short steps.
+// Throws TimeoutError with `what` when `deadline` passes first.
+void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what);
+
+}  // namespace pyring

@@ -1,0 +1,235 @@
+#include "device/sim/sim_runtime.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "core/errors.h"
+#include "device/sim/sim_arena.h"
+#include "device/sim/sim_stream.h"
+#include "kernels/onebit.h"
+#include "kernels/reduce.h"
+#include "kernels/wire_cast.h"
+
+namespace pyring {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// The IPC handle's bytes.
+struct SimIpc {
+  int32_t pid;
+  int32_t fd;
+  uint64_t offset;
+  uint64_t bytes;
+};
+static_assert(sizeof(SimIpc) <= sizeof(IpcHandle::bytes), "SimIpc must fit an IpcHandle");
+
+class Sim final : public SimRuntime {
+ public:
+  Sim() : devices_(env_int("PYRING_SIM_DEVICES", 4)) {
+    delay_us_.store(env_int("PYRING_SIM_DELAY_US", 0));
+    const char* ipc = std::getenv("PYRING_SIM_IPC");
+    refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kSim; }
+  int device_count() override { return devices_; }
+
+  void* alloc(int index, size_t bytes) override {
+    check(index);
+    return arena_.alloc(bytes, where(index).c_str());
+  }
+  void free(int, void* p) noexcept override { arena_.free(p); }
+
+  void* alloc_host(int index, size_t bytes) override {
+    check(index);
+    void* p = std::calloc(1, bytes == 0 ? 1 : bytes);
+    PYRING_CHECK(p != nullptr, CudaError, "sim alloc_host of ", bytes, " bytes failed");
+    return p;
+  }
+  void free_host(int, void* p) noexcept override { std::free(p); }
+
+  StreamId create_stream(int index) override {
+    check(index);
+    std::lock_guard<std::mutex> lock(mu_);
+    StreamId id = next_stream_++;
+    streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_);
+    return id;
+  }
+
+  void destroy_stream(int index, StreamId s) noexcept override {
+    std::shared_ptr<SimStream> gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = streams_.find({index, s});
+      if (it == streams_.end() || s == 0) return;
+      gone = std::move(it->second);
+      streams_.erase(it);
+    }
+  }
+
+  void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
+    stream(index, s).enqueue([=] { std::memcpy(dst, src, bytes); });
+  }
+
+  void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    stream(index, s).enqueue([=] { raise(flag, value); });
+  }
+
+  void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    SimStream* st = &stream(index, s);
+    st->enqueue([=] {
+      while (flag->load(std::memory_order_acquire) < value && !st->stopping()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+      }
+    });
+  }
+
+  void synchronize(int index, StreamId s) override { stream(index, s).synchronize(); }
+
+  void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
+                         void* acc, size_t n, StreamId s) override {
+    stream(index, s).enqueue([=] { pyring::reduce_accumulate(dtype, op, a, b, acc, n); });
+  }
+  void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
+                     size_t n, int world, StreamId s) override {
+    stream(index, s).enqueue([=] { pyring::reduce_finish(dtype, op, a, b, out, n, world); });
+  }
+  void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
+            StreamId s) override {
+    stream(index, s).enqueue([=] { wire_cast(from, to, in, out, n); });
+  }
+  size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
+                       OnebitHeader* header, StreamId s) override {
+    size_t bytes = 0;
+    stream(index, s).enqueue([=, &bytes] {
+      bytes = pyring::onebit_encode(in, residual, n, out);
+      std::memcpy(header, out, sizeof(OnebitHeader));
+    });
+    synchronize(index, s);
+    return bytes;
+  }
+  void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
+                     float alpha, bool accumulate, float* out, StreamId s) override {
+    // The host decoder reads the header in front of the signs, as the wire carries it.
+    OnebitHeader h = header;
+    PYRING_CHECK_ARG(h.zeros != kMaskCached, "device segments never use the mask caches");
+    stream(index, s).enqueue([=] {
+      const size_t payload = onebit_max_bytes(n) - sizeof(OnebitHeader);
+      std::unique_ptr<uint8_t[]> seg(new uint8_t[sizeof(OnebitHeader) + payload]);
+      std::memcpy(seg.get(), &h, sizeof h);
+      const size_t have = (h.zeros == kMaskFollows ? 2 : 1) * ((n + 7) / 8);
+      std::memcpy(seg.get() + sizeof h, encoded, have);
+      pyring::onebit_decode(seg.get(), n, alpha, accumulate, out);
+    });
+  }
+
+  IpcHandle ipc_handle(int index, void* p) override {
+    check(index);
+    PYRING_CHECK(!refuse_ipc_, CudaError, "sim ipc_handle on ", where(index),
+                 ": IPC refused (PYRING_SIM_IPC=refuse)");
+    const SimArenaRef ref = arena_.find(p);
+    PYRING_CHECK(ref.fd >= 0, CudaError, "sim ipc_handle: ", p, " is not sim device memory");
+    SimIpc h{static_cast<int32_t>(getpid()), ref.fd, ref.offset, ref.arena_bytes};
+    IpcHandle out;
+    std::memcpy(out.bytes, &h, sizeof h);
+    return out;
+  }
+
+  void* ipc_open(int index, const IpcHandle& handle) override {
+    check(index);
+    PYRING_CHECK(!refuse_ipc_, CudaError, "sim ipc_open on ", where(index),
+                 ": IPC refused (PYRING_SIM_IPC=refuse)");
+    SimIpc h;
+    std::memcpy(&h, handle.bytes, sizeof h);
+    const std::string path = str_cat("/proc/", h.pid, "/fd/", h.fd);
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    PYRING_CHECK(fd >= 0, CudaError, "sim ipc_open of ", path, ": ", std::strerror(errno));
+    void* base = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    ::close(fd);
+    PYRING_CHECK(base != MAP_FAILED, CudaError, "sim ipc_open: mmap: ", std::strerror(err));
+    auto* p = static_cast<uint8_t*>(base) + h.offset;
+    std::lock_guard<std::mutex> lock(mu_);
+    opened_[p] = {static_cast<uint8_t*>(base), h.bytes};
+    return p;
+  }
+
+  void ipc_close(int, void* p) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = opened_.find(static_cast<uint8_t*>(p));
+    if (it == opened_.end()) return;
+    munmap(it->second.first, it->second.second);
+    opened_.erase(it);
+  }
+
+  void launch(int index, StreamId s, std::function<void()> fn) override {
+    stream(index, s).enqueue(std::move(fn));
+  }
+  void set_delay_us(int us) override { delay_us_.store(us < 0 ? 0 : us); }
+  size_t allocated_bytes() override { return arena_.allocated_bytes(); }
+
+ private:
+  static void raise(Flag* flag, uint64_t value) {
+    uint64_t cur = flag->load(std::memory_order_relaxed);
+    while (cur < value && !flag->compare_exchange_weak(cur, value, std::memory_order_release)) {
+    }
+  }
+  std::string where(int index) const { return str_cat("sim:", index); }
+  void check(int index) const {
+    PYRING_CHECK_ARG(index >= 0 && index < devices_, "sim device index ", index, " out of range (",
+                     devices_, " sim device(s))");
+  }
+  // Stream s of device `index`; 0 is the device's default stream, made on first use.
+  SimStream& stream(int index, StreamId s) {
+    check(index);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find({index, s});
+    if (it == streams_.end()) {
+      PYRING_CHECK_ARG(s == 0, "sim stream ", s, " does not exist on ", where(index));
+      it =
+          streams_.emplace(std::make_pair(index, s), std::make_shared<SimStream>(&delay_us_)).first;
+    }
+    return *it->second;
+  }
+
+  const int devices_;
+  bool refuse_ipc_ = false;
+  std::atomic<int> delay_us_{0};
+  SimArena arena_;
+  std::mutex mu_;
+  std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;                  // guarded by mu_
+  std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_
+  StreamId next_stream_ = 1;                                                // guarded by mu_
+};
+
+// Leaked on purpose: stream threads may still run while the process exits.
+Sim* g_sim = nullptr;
+std::once_flag g_once;
+
+}  // namespace
+
+SimRuntime& sim_runtime() {
+  std::call_once(g_once, [] {
+    g_sim = new Sim();
+    // A forked child has none of the parent's stream threads: it starts a runtime of its own.
+    pthread_atfork(nullptr, nullptr, [] { g_sim = new Sim(); });
+  });
+  return *g_sim;
+}
+
+}  // namespace pyring

@@ -1,0 +1,32 @@
+// The sim device: the device seam on the host, for tests only (users never see it).
+//
+// - Memory: each allocation is its own shared-memory file (memfd), so an IPC handle (the owner's
+//   pid, file descriptor and the offset) maps it in another process of this host.
+// - Streams: one worker thread per stream runs its queue in order. PYRING_SIM_DELAY_US=D sleeps
+//   a random 0..D microseconds before every operation, so that a missing wait shows.
+// - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
+// - Kernels: the host kernels, run on the stream's thread.
+// - PYRING_SIM_DEVICES: the device count (default 4). PYRING_SIM_IPC=refuse makes ipc_handle
+//   and ipc_open throw CudaError, as a runtime that refuses IPC does.
+#pragma once
+
+#include <functional>
+
+#include "device/runtime.h"
+
+namespace pyring {
+
+class SimRuntime : public DeviceRuntime {
+ public:
+  // Queues `fn` on stream s of device `index`; it runs on the stream's thread.
+  virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
+  // The delay bound in microseconds now in force; tests change it between phases.
+  virtual void set_delay_us(int us) = 0;
+  // Bytes of device memory allocated and not freed, over every device.
+  virtual size_t allocated_bytes() = 0;
+};
+
+// The process's sim runtime. A forked child gets a fresh one.
+SimRuntime& sim_runtime();
+
+}  // namespace pyring

@@ -1,0 +1,65 @@
+#include "device/sim/sim_stream.h"
+
+#include <chrono>
+#include <random>
+
+#include "core/errors.h"
+
+namespace pyring {
+
+SimStream::SimStream(const std::atomic<int>* delay_us) : delay_us_(delay_us) {
+  thread_ = std::thread([this] { run(); });
+}
+
+SimStream::~SimStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SimStream::enqueue(std::function<void()> op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+    ++queued_;
+  }
+  cv_.notify_all();
+}
+
+void SimStream::synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = queued_;
+  cv_.wait(lock, [&] { return done_ >= target; });
+  PYRING_CHECK(error_.empty(), CudaError, "sim stream: ", error_);
+}
+
+void SimStream::run() {
+  std::minstd_rand rng(std::random_device{}());
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return !queue_.empty() || stopping_.load(); });
+    if (queue_.empty()) return;
+    auto op = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    const int bound = delay_us_->load(std::memory_order_relaxed);
+    if (bound > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % (bound + 1)));
+    }
+    std::string error;
+    try {
+      op();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lock.lock();
+    if (error_.empty()) error_ = error;
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace pyring

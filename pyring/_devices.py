@@ -1,0 +1,132 @@
+"""Device buffers at the Python edge: torch CUDA tensors, ``__cuda_array_interface__`` objects
+(CuPy, Numba; their ``stream`` honoured), DLPack capsules, and the test-only sim arrays
+(``__sim_array_interface__``, pyring.testing).
+
+A device view is the host view's four fields plus ``device``: (kind code, index, stream), the
+stream being the caller's current one (torch's, the interface's, or the sim's), on which the
+collective is ordered. Every check happens here, before any byte moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _C
+
+KIND_NAMES: tuple[str, ...] = tuple(_C.DEVICE_KIND_NAMES)
+CPU, CUDA, SIM = (KIND_NAMES.index(n) for n in ("cpu", "cuda", "sim"))
+_SIZES: tuple[int, ...] = tuple(_C.DTYPE_SIZES)
+_DTYPE_NAMES: tuple[str, ...] = tuple(_C.DTYPE_NAMES)
+# Array-interface type strings ('<f4') of the dtypes pyring has, by code; bfloat16 has none.
+_TYPESTR_CODES = {np.dtype(n).str: c for c, n in enumerate(_DTYPE_NAMES) if n != "bfloat16"}
+# The sim interface (pyring.testing.sim) also names bfloat16.
+_TYPESTR_CODES["bfloat16"] = _DTYPE_NAMES.index("bfloat16")
+
+
+def device_name(device: tuple | None) -> str:
+    """'cpu', 'cuda:0', 'sim:1'."""
+    if device is None:
+        return "cpu"
+    return f"{KIND_NAMES[device[0]]}:{device[1]}"
+
+
+def is_device_object(obj: Any) -> bool:
+    """An object the device edge takes (not a torch tensor: those say so by their device)."""
+    return (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__sim_array_interface__")
+            or type(obj).__name__ == "PyCapsule")
+
+
+def torch_cuda_view(t: Any, code: int, view: Any) -> Any:
+    """The device view of a contiguous CUDA tensor of dtype code ``code``."""
+    import torch
+
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index).cuda_stream
+    n = t.numel()
+    return view(t.data_ptr(), n, code, n * _SIZES[code], (CUDA, index, stream))
+
+
+def interface_view(obj: Any, op: str, name: str, writable: bool, view: Any) -> Any:
+    """The device view of an array-interface object (CUDA or sim), or of a DLPack capsule."""
+    if type(obj).__name__ == "PyCapsule":
+        import torch.utils.dlpack
+
+        t = torch.utils.dlpack.from_dlpack(obj)
+        from ._buffers import view_of
+
+        return view_of(t, op, name, writable, devices=True)
+    if hasattr(obj, "__sim_array_interface__"):
+        iface, kind = obj.__sim_array_interface__, SIM
+        index = int(iface["device"])
+    else:
+        iface, kind = obj.__cuda_array_interface__, CUDA
+        index = _cuda_index_of(obj)
+    shape = tuple(iface["shape"])
+    code = _TYPESTR_CODES.get(iface["typestr"])
+    if code is None:
+        raise TypeError(f"{op}: {name} has unsupported type {iface['typestr']!r} "
+                        f"(supported: {', '.join(n for n in _DTYPE_NAMES if n != 'bfloat16')})")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    size = _SIZES[code]
+    strides = iface.get("strides")
+    if strides is not None and n > 1:
+        expect, contiguous = size, True
+        for dim, stride in zip(reversed(shape), reversed(strides)):
+            if dim != 1 and stride != expect:
+                contiguous = False
+            expect *= dim
+        if not contiguous:
+            raise ValueError(f"{op}: {name} is not C-contiguous (shape {shape}, strides "
+                             f"{tuple(strides)})")
+    ptr, readonly = iface["data"]
+    if writable and readonly:
+        raise ValueError(f"{op}: {name} is read-only")
+    # CUDA array interface v3: None asks for no ordering (the legacy default stream orders it
+    # with every blocking stream); 1 and 2 are the legacy and per-thread default streams.
+    stream = iface.get("stream")
+    return view(int(ptr), n, code, n * size, (kind, index, 0 if stream is None else int(stream)))
+
+
+def _cuda_index_of(obj: Any) -> int:
+    dev = getattr(obj, "device", None)
+    for attr in ("id", "index"):
+        if isinstance(getattr(dev, attr, None), int):
+            return getattr(dev, attr)
+    import torch
+
+    return torch.as_tensor(obj, device="cuda").device.index
+
+
+def current_stream(device: tuple) -> int:
+    """The caller's current stream on ``device`` now (for work.wait())."""
+    if device[0] == CUDA:
+        import torch
+
+        return torch.cuda.current_stream(device[1]).cuda_stream
+    from .testing import sim
+
+    return sim.current_stream(device[1]).id
+
+
+def common_device(comm: Any, op: str, views: list, names: list[str]) -> tuple | None:
+    """The one device of ``views`` (None: the host), which must be this rank's. Raises
+    ValueError naming both devices when the buffers of one call are on different devices, or
+    on a device other than the one this rank's communicator uses."""
+    first = views[0].device
+    for v, n in zip(views[1:], names[1:]):
+        if (v.device is None) != (first is None) or (
+                first is not None and v.device[:2] != first[:2]):
+            raise ValueError(f"{op}: {names[0]} is on {device_name(first)} but {n} is on "
+                             f"{device_name(v.device)}; every buffer of one call must be on "
+                             f"one device")
+    if first is None:
+        return None
+    bound = comm.device
+    if bound is None:
+        comm.device = device_name(first)
+    elif bound != device_name(first):
+        raise ValueError(f"{op}: {names[0]} is on {device_name(first)} but rank {comm.rank} "
+                         f"uses {bound}; move it there, or init pyring with that device")
+    return first
