@@ -11,7 +11,7 @@
 namespace pyring {
 
 void* SimArena::alloc(size_t bytes, const char* where) {
-  const size_t len = (bytes == 0 ? 1 : bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t len = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& a : arenas_) {
     for (auto it = a->free.begin(); it != a->free.end(); ++it) {

@@ -1,0 +1,227 @@
+"""Stream semantics on the sim device, under random delays: a collective sees the work queued
+on the caller's stream before it, work queued after it sees the result, work.wait() orders the
+stream without blocking the host, and failures release the streams that wait. Also the refusals
+at the edge and the sim's IPC handles."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from multiproc import run_ranks
+
+ITERS = 40
+
+
+def order_body(rank, world, store):
+    import pyring
+    from pyring.testing import sim
+
+    bad = []
+    want = lambda i: float(sum(r + i for r in range(world)))  # noqa: E731
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        s = sim.SimStream(0)
+        with sim.stream(s):
+            x = sim.SimArray(4096, torch.float32, 0)
+            y = sim.SimArray(4096, torch.float32, 0)
+            for i in range(ITERS):
+                x.fill_(float(rank + i))           # before: the collective must see it
+                comm.all_reduce(x)
+                y.copy_(x)                         # after: must see the result
+                got = y.to_host()
+                if not bool((got == want(i)).all()):
+                    bad.append(f"sync #{i}: {got[:3].tolist()} want {want(i)}")
+            for i in range(ITERS):
+                x.fill_(float(rank + i))
+                w = comm.all_reduce(x, async_op=True)
+                w.wait()
+                y.copy_(x)
+                got = y.to_host()
+                if not bool((got == want(i)).all()):
+                    bad.append(f"async #{i}: {got[:3].tolist()} want {want(i)}")
+        s.synchronize()
+        s.close()
+    return bad
+
+
+def test_stream_order_with_delays():
+    results = run_ranks(2, order_body, env={"PYRING_SIM_DELAY_US": "300"}, timeout=300)
+    for rank, bad in enumerate(results):
+        assert not bad, f"rank {rank}: {len(bad)} of {2 * ITERS} wrong:\n" + "\n".join(bad[:10])
+
+
+def nonblocking_body(rank, world, store):
+    import pyring
+    from pyring.testing import sim
+
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        gate = threading.Event()
+        x = sim.SimArray(1000, torch.float32, 0).fill_(rank + 1)
+        sim.current_stream(0).launch(lambda: gate.wait(30))  # the stream is busy until set
+        t0 = time.monotonic()
+        w = comm.all_reduce(x, async_op=True)
+        w.wait()
+        waited = time.monotonic() - t0
+        pending = not w.is_completed()
+        gate.set()
+        got = x.to_host()
+        w.synchronize()
+        return waited, pending, float(got[0]), w.is_completed()
+
+
+def test_wait_does_not_block_the_host():
+    for waited, pending, value, completed in run_ranks(2, nonblocking_body, timeout=120):
+        assert waited < 5 and pending, "work.wait() blocked the host on a device collective"
+        assert value == 3.0 and completed
+
+
+def timeout_body(rank, world, store):
+    import pyring
+    from pyring.testing import sim
+
+    comm = pyring.init(rank, world, store, timeout=2, set_default=False)
+    gate = threading.Event()
+    x = sim.SimArray(10, torch.float32, 0)
+    sim.current_stream(0).launch(lambda: gate.wait(60))
+    try:
+        comm.all_reduce(x)
+        return "no error"
+    except pyring.CommTimeout as e:
+        return str(e)
+    finally:
+        gate.set()
+        x.to_host()  # the stream is not left waiting for the failed collective
+        comm.close()
+
+
+def test_caller_stream_never_ready_times_out():
+    for msg in run_ranks(2, timeout_body, timeout=120):
+        assert "caller's stream" in msg, msg
+
+
+def killed_body(rank, world, store):
+    import os
+
+    import pyring
+    from pyring.testing import sim
+
+    comm = pyring.init(rank, world, store, timeout=20, set_default=False)
+    if rank == 1:
+        os._exit(7)
+    x = sim.SimArray(1 << 16, torch.float32, 0).fill_(1.0)
+    y = sim.SimArray(1 << 16, torch.float32, 0)
+    try:
+        comm.all_reduce(x)
+        err = "no error"
+    except pyring.CommError as e:
+        err = str(e)
+    w_err = None
+    try:
+        comm.all_reduce(x, async_op=True).synchronize()
+    except pyring.CommError as e:
+        w_err = str(e)
+    y.copy_(x)
+    y.to_host()  # returns: no stream waits forever for the failed collectives
+    comm.close()
+    return err, w_err
+
+
+def test_killed_rank_releases_streams():
+    results = run_ranks(2, killed_body, allow_failures=True, timeout=120)
+    err, w_err = results[0]
+    assert "rank 1" in err, err
+    assert w_err and "unusable" in w_err, w_err
+
+
+def refusals_body(rank, world, store):
+    import numpy as np
+
+    import pyring
+    from pyring.testing import sim
+
+    out = {}
+
+    def catch(name, fn):
+        try:
+            fn()
+            out[name] = "no error"
+        except Exception as e:  # the type and text are checked by the test
+            out[name] = f"{type(e).__name__}: {e}"
+
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        a0 = sim.SimArray(8, torch.float32, 0)
+        a1 = sim.SimArray(8, torch.float32, 1)
+        catch("mixed", lambda: comm.all_reduce(a0, out=a1))
+        catch("host_and_device", lambda: comm.all_reduce(torch.zeros(8), out=a0))
+        catch("numpy_and_device", lambda: comm.all_gather_into_tensor(a0, np.zeros(4, "f4")))
+        comm.all_reduce(a0)
+        catch("other_device", lambda: comm.all_reduce(a1))
+        catch("p2p", lambda: comm.send(a0, (rank + 1) % world))
+        catch("wire", lambda: comm.all_reduce(a0, wire="fp16"))
+        catch("sim_bad_index", lambda: sim.SimArray(8, torch.float32, 99))
+
+        class FakeCuda:
+            __cuda_array_interface__ = {"shape": (8,), "typestr": "<f4", "data": (4096, False),
+                                        "version": 3, "strides": None, "stream": None}
+            device = type("Dev", (), {"id": 0})()
+
+        with pyring.init(rank, world, store, set_default=False) as fresh:
+            catch("cuda_without_cuda", lambda: fresh.all_reduce(FakeCuda()))
+            fresh.barrier()
+        comm.barrier()
+    return out
+
+
+def test_refusals_name_both_devices():
+    out = run_ranks(2, refusals_body, timeout=120)[0]
+    assert out["mixed"].startswith("ValueError") and "sim:0" in out["mixed"] \
+        and "sim:1" in out["mixed"], out["mixed"]
+    assert "cpu" in out["host_and_device"] and "sim:0" in out["host_and_device"]
+    assert "cpu" in out["numpy_and_device"] and "sim:0" in out["numpy_and_device"]
+    assert out["other_device"].startswith("ValueError") and "sim:1" in out["other_device"] \
+        and "uses sim:0" in out["other_device"], out["other_device"]
+    assert out["p2p"].startswith("ValueError") and "host buffers only" in out["p2p"]
+    assert out["wire"].startswith("ValueError"), out["wire"]
+    assert out["sim_bad_index"].startswith("ValueError") and "99" in out["sim_bad_index"]
+    assert "CudaError" in out["cuda_without_cuda"] or "CUDA" in out["cuda_without_cuda"], \
+        out["cuda_without_cuda"]
+
+
+def ipc_body(rank, world, store):
+    import pyring._C as C
+    from pyring.testing import sim
+
+    if rank == 0:
+        a = sim.SimArray(256, torch.int32, 0)
+        a.copy_(torch.arange(256, dtype=torch.int32)).to_host()
+        store.set("h", C.sim_ipc_handle(0, a.ptr + 64 * 4))
+        store.wait(["read"])
+        return None
+    p = C.sim_ipc_open(0, store.get("h"))
+    import ctypes
+
+    got = torch.frombuffer((ctypes.c_int32 * 192).from_address(p), dtype=torch.int32).clone()
+    C.sim_ipc_close(0, p)
+    store.set("read", b"1")
+    return got.tolist()
+
+
+def test_sim_ipc_handle_opens_in_another_process():
+    assert run_ranks(2, ipc_body, timeout=60)[1] == list(range(64, 256))
+
+
+def refused_ipc_body(rank, world, store):
+    import pyring
+    import pyring._C as C
+    from pyring.testing import sim
+
+    a = sim.SimArray(4, torch.float32, 0)
+    with pytest.raises(pyring.CudaError, match="IPC refused"):
+        C.sim_ipc_handle(0, a.ptr)
+    return True
+
+
+def test_sim_ipc_refusal_is_a_cuda_error():
+    assert run_ranks(1, refused_ipc_body, env={"PYRING_SIM_IPC": "refuse"}, timeout=60) == [True]
