@@ -6,10 +6,12 @@ Communicator: the usual ``torch.distributed`` calls, DDP, ``new_group`` subgroup
 Communicator each) and the functional collectives.
 
 Contracts:
-- Tensors are CPU, dense and contiguous; each call carries one tensor (c10d's lists must hold
-  exactly one), except the per-rank lists (``all_gather``'s output, ``reduce_scatter``'s
-  input, ``gather``/``scatter``/``alltoall``'s) and the coalesced calls, whose tensors (one
-  dtype) travel packed in one exchange.
+- Tensors are dense and contiguous, on the CPU, or on CUDA for the collectives (allreduce,
+  broadcast, allgather, reduce_scatter; point-to-point, rooted and personalised ops take CPU
+  tensors). Each call carries one tensor (c10d's lists must hold exactly one), except the
+  per-rank lists (``all_gather``'s output, ``reduce_scatter``'s input,
+  ``gather``/``scatter``/``alltoall``'s) and the coalesced calls, whose tensors (one dtype)
+  travel packed in one exchange.
 - Every op torch's CPU backends offer: the collectives, ``send``/``recv`` (any source too;
   ``isend``/``irecv``/``batch_isend_irecv`` through torch), ``reduce``, ``gather``, ``scatter``,
   ``all_to_all`` and ``all_to_all_single`` (uneven splits). Data-moving ops take any dtype,
@@ -200,7 +202,7 @@ class ProcessGroupPyring(_ProcessGroup):
         outs = _one(output_tensors, "allgather")
         world, n = self.comm.world_size, t.numel()
         _check_pieces(outs, t, world, "allgather output list")
-        flat = torch.empty(world * n, dtype=t.dtype)
+        flat = torch.empty(world * n, dtype=t.dtype, device=t.device)
 
         def copy_out() -> None:
             for out, piece in zip(outs, flat.view(world, n)):
@@ -330,4 +332,4 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyrin
 
 
 if dist is not None and BACKEND_NAME not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

@@ -177,9 +177,12 @@ def check_wire_call(tensor: Any, op: Any, wire: str, state: Any, out: Any = None
         raise TypeError(f"all_reduce: out must be a torch.Tensor on wire={wire!r}, got "
                         f"{type(out).__name__}")
     for what, t in (("tensor", tensor), ("out", out)):
-        if t is not None and (not t.is_cpu or t.layout != torch.strided):
-            raise ValueError(f"all_reduce: wire={wire!r} takes dense CPU tensors, but {what} is "
-                             f"{t.layout} on {t.device}")
+        if t is not None and (t.device.type not in ("cpu", "cuda") or t.layout != torch.strided):
+            raise ValueError(f"all_reduce: wire={wire!r} takes dense CPU or CUDA tensors, but "
+                             f"{what} is {t.layout} on {t.device}")
+    if out is not None and out.device != tensor.device:
+        raise ValueError(f"all_reduce: tensor is on {tensor.device} but out is on {out.device}; "
+                         f"every buffer of one call must be on one device")
     if out is not None and out is not tensor:
         if out.dtype != tensor.dtype:
             raise TypeError(f"all_reduce: out is {getattr(out, 'dtype', type(out).__name__)} "
@@ -208,7 +211,9 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     groups = _tree_groups(comm, algo)
     if comm.world_size == 1:
         return tensor
-    x = tensor.reshape(-1).to(torch.float32).contiguous()  # may be tensor's own storage
+    # A CUDA tensor's wire exchange runs on a host copy, ordered on the current stream (the copy
+    # to the host waits for the work queued before; the copy back is queued on the stream).
+    x = tensor.reshape(-1).to("cpu", torch.float32).contiguous()  # may be tensor's own storage
     if groups is not None:
         from ._wire_tree import tree_all_reduce
 
@@ -216,7 +221,7 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     else:
         _flat_all_reduce(comm, x, op, wire, state)
     if x.data_ptr() != tensor.data_ptr():
-        tensor.copy_(x.view(tensor.shape))
+        tensor.copy_(x.view(tensor.shape), non_blocking=False)
     return tensor
 
 

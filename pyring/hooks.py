@@ -49,7 +49,7 @@ def allreduce_hook(state: Any, bucket):
 def _completed(value: Any) -> Any:
     import torch
 
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
     fut.set_result(value)
     return fut
 

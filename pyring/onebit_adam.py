@@ -69,16 +69,21 @@ class OneBitAdam(torch.optim.Optimizer):
         self.denominator_floor = float(denominator_floor)
         self.comm = comm if comm is not None else default()
         self._params = [p for g in self.param_groups for p in g["params"]]
+        dev = self._params[0].device if self._params else torch.device("cpu")
         for i, p in enumerate(self._params):
-            if p.dtype != torch.float32 or p.device.type != "cpu":
+            if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"OneBitAdam: parameter {i} is {p.dtype} on {p.device}; it "
-                                 f"takes float32 CPU parameters")
+                                 f"takes float32 CPU or CUDA parameters")
+            if p.device != dev:
+                raise ValueError(f"OneBitAdam: parameter {i} is on {p.device} but parameter 0 "
+                                 f"is on {dev}; all parameters must be on one device")
         n = sum(p.numel() for p in self._params)
         self.steps = 0
-        self.m = torch.zeros(n)
-        self.v = torch.zeros(n)
+        # The optimizer's state lives on the parameters' device.
+        self.m = torch.zeros(n, device=dev)
+        self.v = torch.zeros(n, device=dev)
         self.onebit = OneBitState()
-        self._grad = torch.zeros(n)
+        self._grad = torch.zeros(n, device=dev)
 
     def _flat_grad(self) -> Any:
         off = 0

@@ -96,7 +96,10 @@ class Work:
         import torch
 
         if self._future is None:
-            fut = torch.futures.Future()
+            # A future over CUDA tensors names their device, so that torch orders its users'
+            # streams after the value (set once the results are in place on the device).
+            devices = [self._result.device] if getattr(self._result, "is_cuda", False) else None
+            fut = torch.futures.Future(devices=devices)
             result = self._result
 
             def done(error: BaseException | None) -> None:

@@ -1,0 +1,131 @@
+"""The CUDA path on a real GPU: collectives on CUDA tensors (several ranks on one GPU), stream
+semantics, the array-interface and DLPack edges, the torch backend with DDP, the drop-in
+optimizer, the hooks and OneBitAdam against their CPU results. Skipped without a GPU; the sim
+device runs the same code paths in CI (tests/test_sim_*.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from multiproc import run_ranks
+
+from pyring import _C
+
+have_gpu = _C.built_with_cuda() and _C.cuda_device_count() > 0 and torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not have_gpu, reason="needs a CUDA device and pyring built "
+                                 "with CUDA")]
+
+
+def collectives_body(rank, world, store):
+    import pyring
+
+    dev = torch.device("cuda", 0)
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        s = torch.cuda.Stream(dev)
+        with torch.cuda.stream(s):
+            for n in (0, 1, 1001, (1 << 20) + 3):
+                x = torch.full((n,), float(rank + 1), device=dev)
+                torch.cuda._sleep(1_000_000)  # the fill is late: the collective must wait
+                x.add_(1)
+                comm.all_reduce(x)
+                y = x * 1  # queued after: must see the result
+                want = float(sum(r + 2 for r in range(world)))
+                if n and not bool((y == want).all()):
+                    bad.append(f"sync n={n}: {y[:3].tolist()}")
+                w = comm.all_reduce(x, async_op=True)
+                w.wait()
+                if n and not bool((x == want * world).all()):
+                    bad.append(f"async n={n}: {x[:3].tolist()}")
+            out = torch.empty(world * 5, device=dev)
+            comm.all_gather_into_tensor(out, torch.full((5,), float(rank), device=dev))
+            if out.cpu().tolist() != [float(r) for r in range(world) for _ in range(5)]:
+                bad.append(f"all_gather: {out.tolist()}")
+            b = torch.full((7,), float(rank), device=dev)
+            comm.broadcast(b, src=world - 1)
+            if b.cpu().tolist() != [float(world - 1)] * 7:
+                bad.append(f"broadcast: {b.tolist()}")
+            try:
+                comm.all_reduce(torch.zeros(3, device=dev), out=torch.zeros(3))
+                bad.append("mixed devices accepted")
+            except ValueError as e:
+                if "cuda:0" not in str(e) or "cpu" not in str(e):
+                    bad.append(f"mixed devices message: {e}")
+            dl = torch.full((9,), 1.0, device=dev)
+            comm.all_reduce(torch.utils.dlpack.to_dlpack(dl))
+            if dl.cpu().tolist() != [float(world)] * 9:
+                bad.append(f"dlpack: {dl.tolist()}")
+        s.synchronize()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_on_one_gpu(world):
+    for rank, bad in enumerate(run_ranks(world, collectives_body, timeout=300)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def cupy_body(rank, world, store):
+    cupy = pytest.importorskip("cupy")
+    import pyring
+
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        s = cupy.cuda.Stream(non_blocking=True)
+        with s:
+            a = cupy.full(1000, rank + 1, dtype=cupy.float32)
+            comm.all_reduce(a)
+            got = float(a[0])
+        s.synchronize()
+    return got
+
+
+def test_cuda_array_interface_objects():
+    assert run_ranks(2, cupy_body, timeout=300) == [3.0, 3.0]
+
+
+def training_body(rank, world, store, device):
+    import torch.distributed as dist
+
+    import pyring
+
+    torch.manual_seed(0)
+    dist.init_process_group("pyring", store=store, rank=rank, world_size=world)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    net = net.to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        net, device_ids=[0] if device == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ddp_params = [p.detach().cpu() for p in net.parameters()]
+    comm = pyring.init(rank, world, store, set_default=False)
+    net2 = torch.nn.Linear(16, 4).to(device)
+    torch.manual_seed(1)
+    for p in net2.parameters():
+        p.data.copy_(torch.randn(p.shape))
+    dopt = pyring.DistributedOptimizer(torch.optim.SGD(net2.parameters(), lr=0.1),
+                                       net2.named_parameters(), comm=comm)
+    ob = pyring.OneBitAdam(net2.parameters(), lr=1e-3, freeze_step=2, comm=comm)
+    for step in range(4):
+        x = torch.randn(8, 16, generator=g).to(device)
+        loss = net2(x).square().mean()
+        dopt.zero_grad()
+        loss.backward()
+        (dopt if step < 2 else ob).step()
+    comm.close()
+    dist.destroy_process_group()
+    return ddp_params, [p.detach().cpu() for p in net2.parameters()]
+
+
+def test_ddp_optimizer_and_onebit_adam_match_cpu():
+    cpu = run_ranks(2, training_body, "cpu", timeout=300)
+    gpu = run_ranks(2, training_body, "cuda", timeout=300)
+    for c, g in zip(cpu, gpu):
+        for a, b in zip(c[0] + c[1], g[0] + g[1]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
