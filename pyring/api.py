@@ -93,9 +93,9 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
           "gpu_path": pci.local_gpu_path() if spec == "auto" else None,
-          "cores": len(os.sched_getaffinity(0)), "link_model": list(cfg.link_model),
-          "addr": [host_ip, listener.port] if listener else None,
-          "p2p_port": p2p_listener.port if p2p_listener else None,
+          "cores": len(os.sched_getaffinity(0)), "link_model": cfg.link_model,
+          "endpoints": {channel: _addresses(cfg, job_id, rank, channel, host_ip, lst)
+                        for channel, lst in (("", listener), ("p2p", p2p_listener))},
           "detail": cfg.debug == "DETAIL"}
     segment = p2p_segment = None
     names: list[str] = []
@@ -114,30 +114,27 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
         if cfg.transport == "shm" and local_world != world:
             raise ValueError(f"init on rank {rank}: transport='shm' needs every rank on one "
                              f"host, but only ranks {local} share this one")
-        use_shm = cfg.transport != "tcp"
         groups = [[list(g) for g in level] for level in topo.groups]
-        def spec_for(p: int, channel: str) -> tuple:
-            if use_shm and p in local:
-                name = rendezvous.shm_name(job_id, p, channel)
-                return (p, "shm", local.index(p), name, "", 0)
-            host, port = peers[p]["addr"]
-            return (p, "tcp", 0, "", host, port if channel == "" else peers[p]["p2p_port"])
-
-        specs = [spec_for(p, "") for p in _C.needed_peers(rank, world, list(topo.levels), groups)]
-        transports = {s[0]: s[1] for s in specs}
-        p2p_specs = [spec_for(p, "p2p") for p in range(world) if p != rank]
-        if use_shm and local_world > 1:
+        # The transport of each pair is the core's choice, from the published endpoints.
+        endpoints = [(p["host"], p["endpoints"][""]) for p in peers]
+        p2p_endpoints = [(p["host"], p["endpoints"]["p2p"]) for p in peers]
+        needed = _C.needed_peers(rank, world, list(topo.levels), groups)
+        plan = _C.plan_transports(endpoints)[rank]
+        transports = {p: plan[p] for p in needed}
+        if "shm" in plan or "shm" in _C.plan_transports(p2p_endpoints)[rank]:
             names = [rendezvous.shm_name(job_id, r, c) for r in local for c in ("", "p2p")]
             segment = rendezvous.create_segment(job_id, rank, local_world, cfg)
             p2p_segment = rendezvous.create_segment(job_id, rank, local_world, cfg, "p2p")
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
+        model = _link_model(cfg, peers, host_of)
+        reduce_rate = model.pop("reduce")[1]
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
-                               _spin_us(local_world), specs, list(topo.levels), groups, host_of,
-                               use_shm, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
-                               _link_model(cfg, peers, host_of), p2p_segment, p2p_listener,
-                               p2p_specs, cfg.flight_entries, SHM_COPIES.index(cfg.shm_copy),
-                               cfg.socket_nstreams)
+                               _spin_us(local_world), endpoints, needed, list(topo.levels),
+                               groups, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
+                               {k: tuple(v) for k, v in model.items()}, reduce_rate,
+                               p2p_segment, p2p_listener, p2p_endpoints, cfg.flight_entries,
+                               SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
@@ -175,16 +172,28 @@ def _as_lists(spec: Any) -> Any:
 OVERSUBSCRIBED_SHM_ALPHA_S = 25e-6
 
 
-def _link_model(cfg: Any, peers: list[dict], host_of: list[int]) -> tuple:
+def _link_model(cfg: Any, peers: list[dict], host_of: list[int]) -> dict:
     """The selector's figures, the same on every rank: the shm latency rises to
     OVERSUBSCRIBED_SHM_ALPHA_S when some host has more ranks than cores, unless the user gave
     shm figures."""
-    model = cfg.link_model
+    model = {k: list(v) for k, v in cfg.link_model.items()}
     ranks = collections.Counter(host_of)
     cores = {h: min(p["cores"] for p, g in zip(peers, host_of) if g == h) for h in ranks}
     if any(ranks[h] > cores[h] for h in ranks) and "shm" not in cfg.link_classes_set:
-        return (max(model[0], OVERSUBSCRIBED_SHM_ALPHA_S),) + tuple(model[1:])
+        model["shm"][0] = max(model["shm"][0], OVERSUBSCRIBED_SHM_ALPHA_S)
     return model
+
+
+def _addresses(cfg: Any, job_id: str, rank: int, channel: str, host_ip: str,
+               listener: Any) -> dict[str, str]:
+    """What this rank publishes for ``channel``: an address per transport it enables
+    (PYRING_TRANSPORT); the core chooses among them per pair."""
+    out = {}
+    if cfg.transport in ("auto", "shm"):
+        out["shm"] = rendezvous.shm_name(job_id, rank, channel)
+    if cfg.transport in ("auto", "tcp") and listener is not None:
+        out["tcp"] = f"{host_ip}:{listener.port}"
+    return out
 
 
 def _spin_us(local_world: int) -> int:

@@ -14,15 +14,19 @@ from . import _C
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SEGMENT_BYTES = 256 * 1024
-TRANSPORTS = ("auto", "shm", "tcp")
+# "auto" lets the transport registry (csrc/transport/registry.cc) choose per pair; a name forces
+# that transport for every pair.
+TRANSPORTS: tuple[str, ...] = ("auto",) + tuple(_C.TRANSPORT_NAMES)
 ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
 SHM_COPIES: tuple[str, ...] = tuple(_C.SHM_COPY_NAMES)  # index = the core's code
 DEFAULT_FLIGHT_ENTRIES = 256
 MAX_SOCKET_NSTREAMS: int = _C.MAX_TCP_STREAMS
-# The selector's alpha-beta figures (csrc/core/communicator.h Options): per link class,
-# latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate (GB/s).
-DEFAULT_LINK_MODEL = {"shm": (4.0, 4.9), "tcp": (18.0, 1.0), "reduce": (0.0, 2.0)}
+# The selector's alpha-beta figures, each transport's own (csrc/transport/registry.h): per link
+# class, latency in microseconds and bandwidth in GB/s; "reduce" is the local reduction rate.
+DEFAULT_LINK_MODEL = {name: (alpha * 1e6, bw / 1e9) for name, (alpha, bw) in
+                      _C.TRANSPORT_COSTS.items()}
+DEFAULT_LINK_MODEL["reduce"] = (0.0, _C.DEFAULT_REDUCE_BYTES_PER_S / 1e9)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,9 @@ class Config:
     socket_ifname: str | None
     topology: Any = "auto"  # "auto", "flat", an explicit spec string or nested lists
     topology_source: str = "topology"  # where it came from, for messages
-    link_model: tuple[float, float, float, float, float] = (4e-6, 4.9e9, 18e-6, 1e9, 2e9)
+    # link class -> [alpha s, bytes/s], and "reduce" -> [0, bytes/s] (JSON-ready: ranks agree
+    # on it through the store)
+    link_model: Any = None
     link_classes_set: frozenset = frozenset()  # the classes the user gave figures for
     # gather/scatter/all_to_all blocks from this size up go single copy within a host; 0: never
     single_copy_bytes: int = _C.DEFAULT_SINGLE_COPY_BYTES
@@ -88,10 +94,9 @@ def _choice(name: str, value: str, valid: tuple[str, ...], upper: bool = False) 
     return v
 
 
-def parse_link_model(value: Any, source: str) -> tuple[tuple[float, ...], frozenset]:
+def parse_link_model(value: Any, source: str) -> tuple[dict[str, list[float]], frozenset]:
     """{'tcp': (alpha_us, gbps), ...} or 'tcp=25/2.9,shm=4/5' (the keys of DEFAULT_LINK_MODEL)
-    over the defaults -> ((shm alpha s, shm B/s, tcp alpha s, tcp B/s, reduce B/s), the
-    classes given)."""
+    over the defaults -> ({class: [alpha s, bytes/s]}, the classes given)."""
     model = dict(DEFAULT_LINK_MODEL)
     items: Any = value.items() if isinstance(value, dict) else None
     if items is None:
@@ -115,8 +120,7 @@ def parse_link_model(value: Any, source: str) -> tuple[tuple[float, ...], frozen
             raise ValueError(f"{source}: {name} needs alpha >= 0 and a positive bandwidth, "
                              f"got {figures!r}")
         model[name] = (alpha, gbps)
-    figures = (model["shm"][0] * 1e-6, model["shm"][1] * 1e9, model["tcp"][0] * 1e-6,
-               model["tcp"][1] * 1e9, model["reduce"][1] * 1e9)
+    figures = {name: [alpha * 1e-6, gbps * 1e9] for name, (alpha, gbps) in model.items()}
     return figures, frozenset(name for name, _ in items)
 
 

@@ -65,7 +65,8 @@ def _stranger(kind: str, port: int, to: int, answered: list) -> None:
 
 def _ports(store, rank: int) -> list[int]:
     info = json.loads(store.get(f"pyring/1/peer/{rank}"))
-    return [info["addr"][1], info["p2p_port"]]
+    # Each channel's endpoint publishes its tcp address as "host:port".
+    return [int(info["endpoints"][channel]["tcp"].rsplit(":", 1)[1]) for channel in ("", "p2p")]
 
 
 def _job(rank, world, store, strangers):

@@ -4,6 +4,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <tuple>
 
 #include "bindings/bindings.h"
@@ -15,6 +16,7 @@
 #include "core/link.h"
 #include "core/topology.h"
 #include "transport/factory.h"
+#include "transport/registry.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_connect.h"
 
@@ -22,28 +24,19 @@ namespace pyring::bindings {
 
 namespace {
 
-using PeerTuple = std::tuple<int, std::string, uint32_t, std::string, std::string, int>;
+// One rank's published endpoint for a channel: (host key, {transport: address}).
+using EndpointTuple = std::tuple<std::string, std::map<std::string, std::string>>;
 
-TransportKind parse_kind(const std::string& s) {
-  if (s == "shm") return TransportKind::kShm;
-  if (s == "tcp") return TransportKind::kTcp;
-  if (s.empty() || s == "none") return TransportKind::kNone;
-  PYRING_THROW(InvalidArgument, "unknown transport '", s, "' (valid: shm, tcp, none)");
-}
-
-std::vector<PeerSpec> peer_specs(const std::vector<PeerTuple>& tuples) {
-  std::vector<PeerSpec> peers;
-  for (const auto& t : tuples) {
-    PeerSpec p;
-    p.rank = std::get<0>(t);
-    p.transport = parse_kind(std::get<1>(t));
-    p.local_index = std::get<2>(t);
-    p.shm_name = std::get<3>(t);
-    p.host = std::get<4>(t);
-    p.port = std::get<5>(t);
-    peers.push_back(std::move(p));
+std::vector<Endpoint> endpoints_of(const std::vector<EndpointTuple>& tuples) {
+  std::vector<Endpoint> out;
+  for (const auto& [host, addresses] : tuples) {
+    Endpoint e;
+    e.rank = static_cast<int>(out.size());
+    e.host = host;
+    e.addresses = addresses;
+    out.push_back(std::move(e));
   }
-  return peers;
+  return out;
 }
 
 BufferView view(uintptr_t ptr, size_t count, int dtype) {
@@ -51,22 +44,25 @@ BufferView view(uintptr_t ptr, size_t count, int dtype) {
 }
 
 using Groups = std::vector<std::vector<std::vector<int>>>;
-using ModelTuple = std::tuple<double, double, double, double, double>;
+// Link class name -> (alpha in seconds, bytes per second), over the transports' defaults.
+using ModelMap = std::map<std::string, std::pair<double, double>>;
 
-CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t segment_bytes,
-                                  uint32_t local_index, uint32_t local_world,
-                                  std::shared_ptr<ShmSegment> segment, TcpListener* listener,
-                                  py::bytes secret, int algo, int spin_us,
-                                  const std::vector<PeerTuple>& peer_tuples,
-                                  std::vector<std::string> level_names, Groups groups,
-                                  std::vector<int> host_of, bool shm_within_host, int log_level,
-                                  const ModelTuple& model, std::shared_ptr<ShmSegment> p2p_segment,
-                                  TcpListener* p2p_listener,
-                                  const std::vector<PeerTuple>& p2p_tuples, size_t flight_entries,
-                                  int shm_copy, int tcp_streams) {
+CommunicatorPtr make_communicator(
+    int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
+    uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
+    py::bytes secret, int algo, int spin_us, const std::vector<EndpointTuple>& endpoint_tuples,
+    const std::vector<int>& needed, std::vector<std::string> level_names, Groups groups,
+    int log_level, const ModelMap& model, double reduce_bytes_per_s,
+    std::shared_ptr<ShmSegment> p2p_segment, TcpListener* p2p_listener,
+    const std::vector<EndpointTuple>& p2p_tuples, size_t flight_entries, int shm_copy,
+    int tcp_streams) {
   PYRING_CHECK_ARG(timeout_s > 0, "timeout must be positive, got ", timeout_s, " s");
   PYRING_CHECK_ARG(segment_bytes >= kPieceAlign, "segment_bytes must be at least ", kPieceAlign,
                    ", got ", segment_bytes);
+  PYRING_CHECK_ARG(endpoint_tuples.size() == static_cast<size_t>(size) &&
+                       p2p_tuples.size() == static_cast<size_t>(size),
+                   "every rank's endpoint is needed: got ", endpoint_tuples.size(), " and ",
+                   p2p_tuples.size(), " for world size ", size);
   Topology topology{std::move(level_names), std::move(groups)};
   topology.validate(size);
   Options opts;
@@ -77,11 +73,19 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
   opts.spin_us = spin_us;
   opts.log_level = log_level;
   opts.flight_entries = flight_entries;
-  const auto& [shm_alpha, shm_bw, tcp_alpha, tcp_bw, reduce_bw] = model;
-  PYRING_CHECK_ARG(shm_alpha >= 0 && tcp_alpha >= 0 && shm_bw > 0 && tcp_bw > 0 && reduce_bw > 0,
-                   "link model figures must be positive");
-  opts.links = {LinkModel{shm_alpha, shm_bw}, LinkModel{tcp_alpha, tcp_bw}};
-  opts.reduce_bytes_per_s = reduce_bw;
+  for (const Transport* t : transports()) {
+    LinkModel m = t->default_costs();
+    auto it = model.find(t->name());
+    if (it != model.end()) m = LinkModel{it->second.first, it->second.second};
+    PYRING_CHECK_ARG(m.alpha_s >= 0 && m.bytes_per_s > 0, "link model figures of ", t->name(),
+                     " must be positive");
+    opts.links.push_back(m);
+    opts.link_names.push_back(t->name());
+    opts.link_single_copy.push_back(t->single_copy() ? 1 : 0);
+  }
+  for (const auto& [name, figures] : model) transport_index(name);  // names a transport
+  PYRING_CHECK_ARG(reduce_bytes_per_s > 0, "the reduction rate must be positive");
+  opts.reduce_bytes_per_s = reduce_bytes_per_s;
   LinkSetup setup;
   setup.rank = rank;
   setup.size = size;
@@ -101,19 +105,27 @@ CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t s
   LinkSetup p2p_setup = setup;
   p2p_setup.own_segment = std::move(p2p_segment);
   p2p_setup.listener = p2p_listener;
+  const std::vector<Endpoint> endpoints = endpoints_of(endpoint_tuples);
+  const std::vector<Endpoint> p2p_endpoints = endpoints_of(p2p_tuples);
+  std::vector<int> plan = plan_transports(endpoints);
+  std::vector<int> everyone;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) everyone.push_back(r);
+  }
   Links links, p2p_links;
   {
     py::gil_scoped_release nogil;
     const Deadline deadline = Deadline::after(timeout_s);
-    links = make_links(setup, peer_specs(peer_tuples), deadline);
-    p2p_links = make_links(p2p_setup, peer_specs(p2p_tuples), deadline);
+    links = make_links(setup, endpoints, plan, needed, deadline);
+    p2p_links =
+        make_links(p2p_setup, p2p_endpoints, plan_transports(p2p_endpoints), everyone, deadline);
   }
-  auto p2p = std::make_shared<P2pEngine>(rank, std::move(p2p_links.by_rank),
-                                         std::move(p2p_links.keepalive), spin_us);
+  auto p2p = std::make_shared<P2pEngine>(rank, std::move(p2p_links.by_rank), p2p_links.keepalive(),
+                                         spin_us);
   p2p->start();
-  return CommunicatorPtr(new Communicator(rank, size, opts, std::move(topology), std::move(host_of),
-                                          shm_within_host, std::move(links.by_rank),
-                                          std::move(links.keepalive), std::move(p2p)));
+  return CommunicatorPtr(new Communicator(rank, size, opts, std::move(topology), std::move(plan),
+                                          std::move(links.by_rank), links.keepalive(),
+                                          std::move(p2p)));
 }
 
 Algo call_algo(Communicator& c, int algo) {
@@ -164,6 +176,35 @@ void register_communicator(py::module_& m) {
   for (int c = 0; c < kNumShmCopies; ++c) copies.append(shm_copy_name(static_cast<ShmCopy>(c)));
   m.attr("SHM_COPY_NAMES") = py::tuple(copies);
   m.attr("MAX_TCP_STREAMS") = kMaxTcpStreams;
+  py::list transport_names;
+  py::dict transport_costs;
+  for (const Transport* t : transports()) {
+    transport_names.append(t->name());
+    const LinkModel m = t->default_costs();
+    transport_costs[t->name()] = py::make_tuple(m.alpha_s, m.bytes_per_s);
+  }
+  m.attr("TRANSPORT_NAMES") = py::tuple(transport_names);
+  m.attr("TRANSPORT_COSTS") = transport_costs;
+  m.attr("DEFAULT_REDUCE_BYTES_PER_S") = Options{}.reduce_bytes_per_s;
+  m.def(
+      "plan_transports",
+      [](const std::vector<EndpointTuple>& endpoints) {
+        const size_t n = endpoints.size();
+        const std::vector<int> plan = plan_transports(endpoints_of(endpoints));
+        py::list rows;
+        for (size_t a = 0; a < n; ++a) {
+          py::list row;
+          for (size_t b = 0; b < n; ++b) {
+            const int t = plan[a * n + b];
+            row.append(t < 0 ? py::object(py::none())
+                             : py::object(py::str(transports()[static_cast<size_t>(t)]->name())));
+          }
+          rows.append(row);
+        }
+        return rows;
+      },
+      py::arg("endpoints"),
+      "The transport of every pair (None on the diagonal), as the communicator will use them.");
   m.def(
       "needed_peers",
       [](int rank, int size, std::vector<std::string> names, Groups groups) {
@@ -208,9 +249,9 @@ void register_communicator(py::module_& m) {
   cls.def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
           py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
           py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
-          py::arg("spin_us"), py::arg("peers"), py::arg("level_names"), py::arg("groups"),
-          py::arg("host_of"), py::arg("shm_within_host"), py::arg("log_level"), py::arg("model"),
-          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_peers"),
+          py::arg("spin_us"), py::arg("endpoints"), py::arg("needed"), py::arg("level_names"),
+          py::arg("groups"), py::arg("log_level"), py::arg("model"), py::arg("reduce_bytes_per_s"),
+          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_endpoints"),
           py::arg("flight_entries") = 256, py::arg("shm_copy") = 0, py::arg("tcp_streams") = 1)
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
@@ -293,13 +334,20 @@ void register_communicator(py::module_& m) {
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
             if (!da.device.is_cpu()) {
-              auto regions = in_out_regions(vi, vo);
-              const size_t o = regions.size() - 1;
-              return launch_staged(c, async_op, desc_of("all_reduce", vi, op), da, regions,
-                                   [&c, vi, vo, rop, a, o](Deadline d, uint8_t* const* h) {
-                                     allreduce(c, host_view(vi, h[0]), host_view(vo, h[o]), rop, a,
-                                               d);
-                                   });
+              // Element-wise: each staged chunk is reduced on its own while its neighbours
+              // are copied.
+              return launch_staged(
+                  c, async_op, desc_of("all_reduce", vi, op), da,
+                  [&c, vi, vo, rop, a](DeviceQueue& q, uint64_t t, Deadline dl) {
+                    q.run_chunked(
+                        t, vi, vo,
+                        [&c, vi, rop, a](Deadline d, uint8_t* h, size_t, size_t n) {
+                          BufferView part = host_view(vi, h);
+                          part.count = n;
+                          allreduce(c, part, part, rop, a, d);
+                        },
+                        dl);
+                  });
             }
             return launch(c, async_op, desc_of("all_reduce", vi, op),
                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });

@@ -18,14 +18,6 @@ DeviceArgs device_args(const py::object& device) {
   return a;
 }
 
-std::vector<StagedRegion> in_out_regions(const BufferView& in, const BufferView& out) {
-  if (in.data == out.data && in.bytes() == out.bytes()) {
-    return {StagedRegion{in.data, in.bytes(), true, true}};
-  }
-  return {StagedRegion{in.data, in.bytes(), true, false},
-          StagedRegion{out.data, out.bytes(), false, true}};
-}
-
 BufferView host_view(const BufferView& v, uint8_t* host) {
   BufferView h = v;
   h.data = host;
@@ -37,12 +29,18 @@ BufferView host_view(const BufferView& v, uint8_t* host) {
 py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                          const DeviceArgs& args, std::vector<StagedRegion> regions,
                          std::function<void(Deadline, uint8_t* const*)> fn) {
+  return launch_staged(comm, async_op, desc, args,
+                       [regions = std::move(regions), fn = std::move(fn)](
+                           DeviceQueue& q, uint64_t t, Deadline d) { q.run(t, regions, fn, d); });
+}
+
+py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                         const DeviceArgs& args,
+                         std::function<void(DeviceQueue&, uint64_t, Deadline)> body) {
   py::gil_scoped_release nogil;
   std::shared_ptr<DeviceQueue> q = comm.device_queue(args.device);
   const uint64_t ticket = q->enter(args.stream, Deadline::after(comm.options().timeout_s));
-  auto staged = [q, ticket, regions = std::move(regions), fn = std::move(fn)](Deadline d) {
-    q->run(ticket, regions, fn, d);
-  };
+  auto staged = [q, ticket, body = std::move(body)](Deadline d) { body(*q, ticket, d); };
   if (async_op) {
     std::shared_ptr<Work> work = comm.submit(desc, std::move(staged));
     // A work that fails, or never runs, still releases the streams waiting for it.

@@ -31,10 +31,13 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          const DeviceArgs& args, std::vector<StagedRegion> regions,
                          std::function<void(Deadline, uint8_t* const*)> fn);
 
-// Regions for an input and an output of the same collective: one read-write region when they
-// are the same buffer; fn's host pointers are then (in, out) either way.
-std::vector<StagedRegion> in_out_regions(const BufferView& in, const BufferView& out);
-// The host views of in and out inside the staged copies.
+// The same, with the collective's body given whole: body(queue, ticket, deadline) runs on the
+// thread that runs the collective (DeviceQueue::run or run_chunked).
+py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                         const DeviceArgs& args,
+                         std::function<void(DeviceQueue&, uint64_t, Deadline)> body);
+
+// The host view of `v` at its staged copy `host`.
 BufferView host_view(const BufferView& v, uint8_t* host);
 
 }  // namespace pyring::bindings

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "bindings/device_call.h"
 #include "collectives/collectives.h"
 #include "core/errors.h"
 #include "core/p2p.h"
@@ -32,6 +33,18 @@ Span span(uintptr_t ptr, size_t bytes) {
 void check_root(const Communicator& c, int root, const char* what) {
   PYRING_CHECK_ARG(root >= 0 && root < c.size(), what, " root ", root,
                    " out of range for world size ", c.size());
+}
+
+// Appends one staged region per span: read (inputs) or written back (outputs).
+void add_regions(std::vector<StagedRegion>& regions, const std::vector<Span>& list, bool read) {
+  for (const auto& s : list) regions.push_back(StagedRegion{s.data, s.bytes, read, !read});
+}
+
+// The spans' host copies, at consecutive staged regions from `h`.
+std::vector<Span> on_host(const std::vector<Span>& list, uint8_t* const* h) {
+  std::vector<Span> out;
+  for (size_t k = 0; k < list.size(); ++k) out.push_back(Span{h[k], list[k].bytes});
+  return out;
 }
 
 CollectiveDesc desc(const char* name, size_t bytes, int root = -1) {
@@ -103,40 +116,70 @@ void register_p2p(CommunicatorClass& cls) {
       .def(
           "gather",
           [](Communicator& c, uintptr_t in, size_t bytes, const SpanList& blocks, int root,
-             bool async_op) {
+             bool async_op, const py::object& device) {
             check_root(c, root, "gather");
             std::vector<Span> b;
             if (c.rank() == root) b = spans(blocks, c.size(), "gather's output list");
             Span s = span(in, bytes);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, true, false}};
+              add_regions(regions, b, false);
+              return launch_staged(c, async_op, desc("gather", bytes, root), da, regions,
+                                   [&c, s, b, root](Deadline d, uint8_t* const* h) {
+                                     gather(c, Span{h[0], s.bytes}, on_host(b, h + 1), root, d);
+                                   });
+            }
             return launch(c, async_op, desc("gather", bytes, root),
                           [&c, s, b, root](Deadline d) { gather(c, s, b, root, d); });
           },
           py::arg("inp"), py::arg("nbytes"), py::arg("blocks"), py::arg("root"),
-          py::arg("async_op"))
+          py::arg("async_op"), py::arg("device") = py::none())
       .def(
           "scatter",
           [](Communicator& c, const SpanList& blocks, uintptr_t out, size_t bytes, int root,
-             bool async_op) {
+             bool async_op, const py::object& device) {
             check_root(c, root, "scatter");
             std::vector<Span> b;
             if (c.rank() == root) b = spans(blocks, c.size(), "scatter's input list");
             Span s = span(out, bytes);
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, false, true}};
+              add_regions(regions, b, true);
+              return launch_staged(c, async_op, desc("scatter", bytes, root), da, regions,
+                                   [&c, s, b, root](Deadline d, uint8_t* const* h) {
+                                     scatter(c, on_host(b, h + 1), Span{h[0], s.bytes}, root, d);
+                                   });
+            }
             return launch(c, async_op, desc("scatter", bytes, root),
                           [&c, s, b, root](Deadline d) { scatter(c, b, s, root, d); });
           },
           py::arg("blocks"), py::arg("out"), py::arg("nbytes"), py::arg("root"),
-          py::arg("async_op"))
+          py::arg("async_op"), py::arg("device") = py::none())
       .def(
           "all_to_all",
-          [](Communicator& c, const SpanList& in, const SpanList& out, bool async_op) {
+          [](Communicator& c, const SpanList& in, const SpanList& out, bool async_op,
+             const py::object& device) {
             std::vector<Span> i = spans(in, c.size(), "all_to_all's input");
             std::vector<Span> o = spans(out, c.size(), "all_to_all's output");
             size_t total = 0;
             for (const auto& s : i) total += s.bytes;
+            const DeviceArgs da = device_args(device);
+            if (!da.device.is_cpu()) {
+              std::vector<StagedRegion> regions;
+              add_regions(regions, i, true);
+              add_regions(regions, o, false);
+              const size_t n = i.size();
+              return launch_staged(c, async_op, desc("all_to_all", total), da, regions,
+                                   [&c, i, o, n](Deadline d, uint8_t* const* h) {
+                                     all_to_all(c, on_host(i, h), on_host(o, h + n), d);
+                                   });
+            }
             return launch(c, async_op, desc("all_to_all", total),
                           [&c, i, o](Deadline d) { all_to_all(c, i, o, d); });
           },
-          py::arg("inp"), py::arg("out"), py::arg("async_op"),
+          py::arg("inp"), py::arg("out"), py::arg("async_op"), py::arg("device") = py::none(),
           "inp[j] goes to rank j; out[j] comes from rank j. Lists of (address, bytes).");
 }
 

@@ -10,22 +10,22 @@ namespace pyring {
 
 namespace {
 
-// The class of the links a team of `component` crosses: tcp when a node at that component
-// spans hosts (or shm is off), else shm.
-LinkClass component_class(const Communicator& comm, int component) {
+// The class of the links a team of `component` crosses: the slowest (highest) class between
+// the first member of a node at that component and the others.
+int component_class(const Communicator& comm, int component) {
   const Topology& t = comm.topology();
   const int D = t.levels();
-  auto spans = [&](const std::vector<int>& g) {
+  auto slowest = [&](const std::vector<int>& g) {
+    int c = 0;
     for (int r : g) {
-      if (comm.link_class(g.front(), r) == LinkClass::kTcp) return true;
+      if (r != g.front()) c = std::max(c, comm.link_class(g.front(), r));
     }
-    return false;
+    return c;
   };
-  if (component >= D) return spans(comm.ring_order()) ? LinkClass::kTcp : LinkClass::kShm;
-  for (const auto& g : t.groups[static_cast<size_t>(component)]) {
-    if (spans(g)) return LinkClass::kTcp;
-  }
-  return LinkClass::kShm;
+  if (component >= D) return slowest(comm.ring_order());
+  int c = 0;
+  for (const auto& g : t.groups[static_cast<size_t>(component)]) c = std::max(c, slowest(g));
+  return c;
 }
 
 double steps(const LinkModel& m, double count, double bytes_each) {
@@ -51,7 +51,7 @@ Estimate estimate_allreduce(const Communicator& comm, size_t bytes) {
   const double n = static_cast<double>(bytes);
   const double N = comm.size();
   const double gamma = o.reduce_bytes_per_s;
-  const LinkClass ring_class = component_class(comm, comm.topology().levels());
+  const int ring_class = component_class(comm, comm.topology().levels());
   const LinkModel& r = o.links[static_cast<size_t>(ring_class)];
   Estimate e;
   e.ring_s = steps(r, 2 * (N - 1), n / N) + (N - 1) / N * n / gamma;
@@ -114,11 +114,11 @@ Algo choose_allreduce(const Communicator& comm, size_t bytes, std::string* why) 
   if (tree_differs && e.tree_s < 0.97 * e.ring_s) {
     if (why) {
       const int groups = plan.shape.back();
-      const LinkClass top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
-      *why = str_cat(groups, " groups over ", link_class_name(top), "; estimated ", e.tree_s * 1e6,
-                     " us against the ring's ", e.ring_s * 1e6, " us, which would send ",
-                     2.0 * (n - 1) / n / (2.0 * (groups - 1) / std::max(1, groups)),
-                     "x the bytes over them");
+      const int top = comm.link_class(comm.ring_order().front(), comm.ring_order().back());
+      *why = str_cat(
+          groups, " groups over ", comm.link_class_name(top), "; estimated ", e.tree_s * 1e6,
+          " us against the ring's ", e.ring_s * 1e6, " us, which would send ",
+          2.0 * (n - 1) / n / (2.0 * (groups - 1) / std::max(1, groups)), "x the bytes over them");
     }
     return Algo::kTree;
   }

@@ -15,20 +15,14 @@ namespace {
 constexpr const char* kGaveUpBecause = " gave up on the communicator because: ";
 }  // namespace
 
-const char* link_class_name(LinkClass c) {
-  return c == LinkClass::kShm ? "shm" : "tcp";
-}
-
 Communicator::Communicator(int rank, int size, Options options, Topology topology,
-                           std::vector<int> host_of, bool shm_within_host,
-                           std::vector<std::unique_ptr<Link>> links,
+                           std::vector<int> plan, std::vector<std::unique_ptr<Link>> links,
                            std::shared_ptr<void> keepalive, std::shared_ptr<P2pEngine> p2p)
     : rank_(rank),
       size_(size),
       options_(options),
       topology_(std::move(topology)),
-      host_of_(std::move(host_of)),
-      shm_within_host_(shm_within_host),
+      plan_(std::move(plan)),
       links_(std::move(links)),
       keepalive_(std::move(keepalive)),
       recorder_(options.flight_entries),
@@ -36,8 +30,15 @@ Communicator::Communicator(int rank, int size, Options options, Topology topolog
   PYRING_CHECK_ARG(p2p_ && p2p_->size() == size, "the point-to-point engine must span the world");
   PYRING_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
                    " out of range for world size ", size);
-  PYRING_CHECK_ARG(host_of_.size() == static_cast<size_t>(size), "host_of has ", host_of_.size(),
-                   " entries for world size ", size);
+  PYRING_CHECK_ARG(plan_.size() == static_cast<size_t>(size) * static_cast<size_t>(size),
+                   "the transport plan has ", plan_.size(), " pairs for world size ", size);
+  PYRING_CHECK_ARG(!options_.links.empty() && options_.link_names.size() == options_.links.size() &&
+                       options_.link_single_copy.size() == options_.links.size(),
+                   "the link classes' figures, names and single-copy flags must be given");
+  for (int c : plan_) {
+    PYRING_CHECK_ARG(c < static_cast<int>(options_.links.size()), "link class ", c,
+                     " out of range for ", options_.links.size(), " classes");
+  }
   topology_.validate(size);
   ring_order_ = topology_.ring_order();
   tree_plan_ = pyring::tree_plan(topology_, rank);
@@ -67,7 +68,8 @@ int Communicator::spin_us() const {
 
 bool Communicator::single_copy_with(int peer, size_t bytes) const {
   const size_t min = single_copy_bytes();
-  return min > 0 && bytes >= min && link_class(rank_, peer) == LinkClass::kShm &&
+  return min > 0 && bytes >= min &&
+         options_.link_single_copy[static_cast<size_t>(link_class(rank_, peer))] &&
          !single_copy_failed_[static_cast<size_t>(peer)];
 }
 
@@ -75,9 +77,13 @@ void Communicator::single_copy_failed(int peer) {
   single_copy_failed_[static_cast<size_t>(peer)] = 1;
 }
 
-LinkClass Communicator::link_class(int a, int b) const {
-  const bool same_host = host_of_[static_cast<size_t>(a)] == host_of_[static_cast<size_t>(b)];
-  return same_host && shm_within_host_ ? LinkClass::kShm : LinkClass::kTcp;
+int Communicator::link_class(int a, int b) const {
+  const int c = plan_[static_cast<size_t>(a) * static_cast<size_t>(size_) + static_cast<size_t>(b)];
+  return c < 0 ? 0 : c;
+}
+
+const std::string& Communicator::link_class_name(int c) const {
+  return options_.link_names[static_cast<size_t>(c)];
 }
 
 void Communicator::log_once(int level, const std::string& key,

@@ -24,19 +24,8 @@ namespace pyring {
 class CommError;
 class Link;
 
-// The classes of link the selector tells apart.
-enum class LinkClass : int { kShm = 0, kTcp = 1 };
-constexpr int kNumLinkClasses = 2;
-const char* link_class_name(LinkClass c);
-
 // Blocks of a gather, scatter or all_to_all from this size up go single copy within a host.
 constexpr size_t kDefaultSingleCopyBytes = 64 << 10;
-
-// One alpha-beta figure: a message of n bytes over the link costs alpha_s + n / bytes_per_s.
-struct LinkModel {
-  double alpha_s;
-  double bytes_per_s;
-};
 
 struct Options {
   Algo algo = Algo::kAuto;
@@ -44,11 +33,14 @@ struct Options {
   size_t segment_bytes = 256 << 10;  // pipelining unit; shm slot and tcp staging size
   int spin_us = 50;                  // how long a waiting rank polls before it sleeps
   int log_level = 0;                 // 0: warnings, 1: INFO (topology, selector decisions)
-  // Selector figures, indexed by LinkClass. Defaults: pyring's own fits on the development
-  // machines (bench/results/costmodel_vm.json): shm 4 us and 4.9 GB/s; tcp 18 us and 1 GB/s
-  // (loopback). reduce_bytes_per_s is the local reduction rate that puts the crossover of
-  // the direct algorithm and the ring at the measured 16 KiB for 2 ranks.
-  std::array<LinkModel, kNumLinkClasses> links = {LinkModel{4e-6, 4.9e9}, LinkModel{18e-6, 1e9}};
+  // Indexed by link class, the transport registry's order (transport/registry.h): the
+  // selector's figures (defaults: each transport's, PYRING_LINK_MODEL overrides), names, and
+  // whether a class allows single-copy transfers. reduce_bytes_per_s is the local reduction
+  // rate that puts the crossover of the direct algorithm and the ring at the measured 16 KiB
+  // for 2 ranks.
+  std::vector<LinkModel> links;
+  std::vector<std::string> link_names;
+  std::vector<uint8_t> link_single_copy;
   double reduce_bytes_per_s = 2e9;
   size_t flight_entries = 256;  // collectives the flight recorder keeps; 0: none
 };
@@ -61,12 +53,12 @@ struct CallCounters {
 class Communicator {
  public:
   // `links` is indexed by rank; null where no link exists (always at this rank). `keepalive`
-  // holds transport state the links share (shared-memory segments). `host_of[r]` numbers the
-  // host of rank r; ranks of one host talk over shm when `shm_within_host`, all others tcp.
-  // `p2p` carries point-to-point messages and the collectives built on them.
-  Communicator(int rank, int size, Options options, Topology topology, std::vector<int> host_of,
-               bool shm_within_host, std::vector<std::unique_ptr<Link>> links,
-               std::shared_ptr<void> keepalive, std::shared_ptr<P2pEngine> p2p);
+  // holds transport state the links share (shared-memory segments). `plan[a * size + b]` is
+  // the link class (the transport) of every pair, -1 on the diagonal. `p2p` carries
+  // point-to-point messages and the collectives built on them.
+  Communicator(int rank, int size, Options options, Topology topology, std::vector<int> plan,
+               std::vector<std::unique_ptr<Link>> links, std::shared_ptr<void> keepalive,
+               std::shared_ptr<P2pEngine> p2p);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -86,7 +78,10 @@ class Communicator {
   const TreePlan& tree_plan() const { return tree_plan_; }
   // address_order(topology()): empty when the topology is uneven.
   const std::vector<int>& address_order() const { return address_order_; }
-  LinkClass link_class(int a, int b) const;
+  // The link class (transport) of the pair, an index into options().links; the slowest
+  // class has the highest index.
+  int link_class(int a, int b) const;
+  const std::string& link_class_name(int c) const;
 
   // Throws CommError naming both ranks when there is no link to `peer`.
   Link& link(int peer);
@@ -153,8 +148,7 @@ class Communicator {
   std::vector<int> ring_order_;
   TreePlan tree_plan_;
   std::vector<int> address_order_;
-  std::vector<int> host_of_;
-  bool shm_within_host_;
+  std::vector<int> plan_;
   int left_ = 0;
   int right_ = 0;
   std::vector<std::unique_ptr<Link>> links_;

@@ -77,13 +77,53 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
       }
     }
     if (copies) {
-      rt_.write_flag(device_.index, stream_, copied_, ticket);
-      host_wait_flag(copied_, ticket, deadline, "the copy of the inputs from the device");
+      host_wait_flag(copied_, mark_copied(), deadline, "the copy of the inputs from the device");
     }
     fn(deadline, host.data());
     for (size_t i = 0; i < regions.size(); ++i) {
       if (regions[i].write && regions[i].bytes > 0) {
         rt_.copy_async(device_.index, regions[i].data, host[i], regions[i].bytes, stream_);
+      }
+    }
+    rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
+  } catch (...) {
+    release(ticket);
+    throw;
+  }
+}
+
+uint64_t DeviceQueue::mark_copied() {
+  rt_.write_flag(device_.index, stream_, copied_, ++copy_seq_);
+  return copy_seq_;
+}
+
+void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const BufferView& out,
+                              const std::function<void(Deadline, uint8_t*, size_t, size_t)>& fn,
+                              Deadline deadline) {
+  try {
+    host_wait_flag(&slot(entered_, ticket), ticket, deadline,
+                   "the work queued on the caller's stream before the collective");
+    const size_t esz = dtype_size(in.dtype), n = in.count;
+    const size_t chunk = stage_chunk_elems(in.dtype);
+    const size_t chunks = n == 0 ? 1 : (n + chunk - 1) / chunk;
+    const size_t slot_bytes = aligned((n < chunk ? n : chunk) * esz);
+    uint8_t* base = staging(chunks > 1 ? 2 * slot_bytes : slot_bytes);
+    auto count_of = [&](size_t k) { return k * chunk + chunk <= n ? chunk : n - k * chunk; };
+    auto slot_of = [&](size_t k) { return base + (k % 2) * slot_bytes; };
+    // Chunk k+1's copy in is queued after chunk k-1's copy back, which read the same slot.
+    auto copy_in = [&](size_t k) {
+      if (count_of(k) > 0) {
+        rt_.copy_async(device_.index, slot_of(k), in.at(k * chunk), count_of(k) * esz, stream_);
+      }
+      return mark_copied();
+    };
+    uint64_t next = copy_in(0);
+    for (size_t k = 0; k < chunks; ++k) {
+      host_wait_flag(copied_, next, deadline, "the copy of the inputs from the device");
+      if (k + 1 < chunks) next = copy_in(k + 1);
+      fn(deadline, slot_of(k), k * chunk, count_of(k));
+      if (count_of(k) > 0) {
+        rt_.copy_async(device_.index, out.at(k * chunk), slot_of(k), count_of(k) * esz, stream_);
       }
     }
     rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);

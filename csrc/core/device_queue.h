@@ -37,6 +37,10 @@ class DeviceQueue {
  public:
   // Tickets whose flags are in flight at once; enter() waits for the oldest beyond this.
   static constexpr uint64_t kSlots = 1024;
+  // run_chunked's chunk: large enough that each exchange runs at the links' bandwidth, small
+  // enough that the copies of the neighbouring chunks overlap it.
+  static constexpr size_t kStageChunkBytes = 4 << 20;
+  static size_t stage_chunk_elems(DType dtype) { return kStageChunkBytes / dtype_size(dtype); }
 
   explicit DeviceQueue(Device device);
   // Waits for pyring's stream to drain, then frees the stream, flags and staging memory.
@@ -53,6 +57,14 @@ class DeviceQueue {
   // caller's stream does not reach the ticket before the deadline.
   void run(uint64_t ticket, const std::vector<StagedRegion>& regions,
            const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline);
+  // For element-wise collectives (all_reduce): runs fn(deadline, host chunk, first element,
+  // count) over consecutive chunks of `in` copied to the host, which fn reduces in place and
+  // which are copied back to `out`: chunk k+1 comes in and chunk k-1 goes back while chunk k
+  // is exchanged. Every rank cuts the same chunks (stage_chunk_elems). in and out may be the
+  // same buffer.
+  void run_chunked(uint64_t ticket, const BufferView& in, const BufferView& out,
+                   const std::function<void(Deadline, uint8_t*, size_t, size_t)>& fn,
+                   Deadline deadline);
   // Caller's thread: queues on `stream` a wait for the ticket's done flag.
   void order_after(StreamId stream, uint64_t ticket);
   // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
@@ -70,6 +82,8 @@ class DeviceQueue {
   // Raises the ticket's done flag from the host once pyring's stream has drained.
   void release(uint64_t ticket) noexcept;
   uint8_t* staging(size_t bytes);
+  // Queues the raise of copied_ to the next value on the stream and returns that value.
+  uint64_t mark_copied();
 
   Device device_;
   DeviceRuntime& rt_;
@@ -81,6 +95,7 @@ class DeviceQueue {
   std::atomic<uint64_t> next_ticket_{0};
   uint8_t* staging_ = nullptr;  // touched only by the running collective
   size_t staging_bytes_ = 0;
+  uint64_t copy_seq_ = 0;  // copied_'s last queued value; touched only by the running collective
 };
 
 }  // namespace pyring

@@ -76,6 +76,12 @@ struct Deadline {
   }
 };
 
+// One alpha-beta figure: a message of n bytes over a link costs alpha_s + n / bytes_per_s.
+struct LinkModel {
+  double alpha_s;
+  double bytes_per_s;
+};
+
 // Where a buffer lives. Codes defined once here; the bindings export the names in code order
 // (pyring._C.DEVICE_KIND_NAMES).
 enum class DeviceKind : int { kCpu = 0, kCuda = 1, kSim = 2 };

@@ -1,4 +1,4 @@
-// The one place that picks and builds the transport for each peer.
+// Builds this rank's links: for each peer it needs, the transport the registry chose.
 #pragma once
 
 #include <memory>
@@ -7,6 +7,7 @@
 
 #include "core/link.h"
 #include "core/types.h"
+#include "transport/registry.h"
 #include "transport/shm/stream_copy.h"
 
 namespace pyring {
@@ -14,17 +15,7 @@ namespace pyring {
 class ShmSegment;
 class TcpListener;
 
-enum class TransportKind { kNone, kShm, kTcp };
-
-struct PeerSpec {
-  int rank = -1;
-  TransportKind transport = TransportKind::kNone;
-  uint32_t local_index = 0;  // shm: the peer's index among the ranks of this host
-  std::string shm_name;      // shm: the peer's segment
-  std::string host;          // tcp: the peer's listening address
-  int port = 0;
-};
-
+// This rank's resources and settings, for the transports' connect().
 struct LinkSetup {
   int rank = 0;
   int size = 1;
@@ -40,12 +31,18 @@ struct LinkSetup {
 };
 
 struct Links {
-  std::vector<std::unique_ptr<Link>> by_rank;  // size() == setup.size
-  std::shared_ptr<void> keepalive;             // segments the shm links map
+  std::vector<std::unique_ptr<Link>> by_rank;   // size() == setup.size
+  std::vector<std::shared_ptr<void>> segments;  // transport state the links map
+
+  // Keeps the segments alive for as long as the links are.
+  std::shared_ptr<void> keepalive() const {
+    return std::make_shared<std::vector<std::shared_ptr<void>>>(segments);
+  }
 };
 
-// Attaches the shm peers' segments and connects the tcp peers. Throws CommError or
-// TimeoutError naming the peer that could not be reached.
-Links make_links(const LinkSetup& setup, const std::vector<PeerSpec>& peers, Deadline deadline);
+// Links this rank to `needed` peers, each over plan[rank * n + peer] (plan_transports of
+// `endpoints`). Throws CommError or TimeoutError naming the peer that could not be reached.
+Links make_links(const LinkSetup& setup, const std::vector<Endpoint>& endpoints,
+                 const std::vector<int>& plan, const std::vector<int>& needed, Deadline deadline);
 
 }  // namespace pyring

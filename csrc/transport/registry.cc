@@ -1,0 +1,50 @@
+#include "transport/registry.h"
+
+#include "core/errors.h"
+
+namespace pyring {
+
+// The entries, defined in their folders.
+const Transport& shm_transport();  // transport/shm/
+const Transport& tcp_transport();  // transport/tcp/
+
+const std::vector<const Transport*>& transports() {
+  static const std::vector<const Transport*> list = {&shm_transport(), &tcp_transport()};
+  return list;
+}
+
+const std::string& Endpoint::address(const char* transport) const {
+  auto it = addresses.find(transport);
+  PYRING_CHECK(it != addresses.end(), CommError, "rank ", rank, " published no ", transport,
+               " address");
+  return it->second;
+}
+
+int transport_index(const std::string& name) {
+  std::string valid;
+  for (size_t i = 0; i < transports().size(); ++i) {
+    if (name == transports()[i]->name()) return static_cast<int>(i);
+    valid += (i ? ", " : "") + std::string(transports()[i]->name());
+  }
+  PYRING_THROW(InvalidArgument, "unknown transport '", name, "' (valid: ", valid, ")");
+}
+
+std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints) {
+  const size_t n = endpoints.size();
+  std::vector<int> plan(n * n, -1);
+  for (size_t a = 0; a < n; ++a) {
+    for (size_t b = 0; b < n; ++b) {
+      if (a == b) continue;
+      for (size_t t = 0; t < transports().size() && plan[a * n + b] < 0; ++t) {
+        if (transports()[t]->can_connect(endpoints[a], endpoints[b])) {
+          plan[a * n + b] = static_cast<int>(t);
+        }
+      }
+      PYRING_CHECK(plan[a * n + b] >= 0, CommError, "no transport can link rank ", a, " (host ",
+                   endpoints[a].host, ") and rank ", b, " (host ", endpoints[b].host, ")");
+    }
+  }
+  return plan;
+}
+
+}  // namespace pyring
