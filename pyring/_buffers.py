@@ -73,8 +73,8 @@ def view_of(obj: Any, op: str, name: str, writable: bool = False,
                              f"takes host buffers only")
         return _devices.interface_view(obj, op, name, writable, View)
     raise TypeError(
-        f"{op}: {name} must be a torch.Tensor, numpy.ndarray, an object with "
-        f"__cuda_array_interface__ or a DLPack capsule, got {type(obj).__name__}"
+        f"{op}: {name} must be a torch.Tensor or numpy.ndarray, or device memory (an object "
+        f"with __cuda_array_interface__, a DLPack capsule), got {type(obj).__name__}"
     )
 
 
@@ -115,18 +115,25 @@ def overlaps(a: View, b: View) -> bool:
     return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
-def bytes_of(obj: Any, op: str, name: str, writable: bool = False) -> View:
+def bytes_of(obj: Any, op: str, name: str, writable: bool = False,
+             devices: bool = False) -> View:
     """Like view_of, for ops that only move bytes: any element type (complex and bool too).
     The view's dtype is that of the element type when pyring has it, else -1."""
     if isinstance(obj, _Tensor):
         if obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
-            _reject_torch(obj, op, name, 0)
+            if devices and obj.is_cuda and obj.layout is _STRIDED and obj.is_contiguous():
+                v = _devices.torch_cuda_view(obj, 0, View)
+                return v._replace(dtype=_TORCH_CODES.get(obj.dtype, -1),
+                                  nbytes=obj.numel() * obj.element_size())
+            _reject_torch(obj, op, name, 0, devices)
         n = obj.numel()
         return _new_view(View, (obj.data_ptr(), n, _TORCH_CODES.get(obj.dtype, -1),
                                 n * obj.element_size(), None))
     if isinstance(obj, np.ndarray):
         return _numpy_view(obj, op, name, writable, any_dtype=True)
     if _devices.is_device_object(obj):
+        if devices:
+            return _devices.interface_view(obj, op, name, writable, View)
         raise ValueError(f"{op}: {name} is device memory ({type(obj).__name__}); {op} takes "
                          f"host buffers only")
     raise TypeError(

@@ -127,12 +127,15 @@ class PointToPoint:
         """Rank ``dst`` receives every rank's ``tensor`` into ``gather_list`` (one tensor
         per rank, each of ``tensor``'s size and type); other ranks pass None."""
         dst = self._root(dst, "gather", "dst")
-        src = bytes_of(tensor, "gather", "tensor")
-        blocks = self._blocks(gather_list, tensor, src, "gather", "gather_list",
-                              self.rank == dst, writable=True)
+        src = bytes_of(tensor, "gather", "tensor", devices=True)
+        views = self._blocks(gather_list, tensor, src, "gather", "gather_list",
+                             self.rank == dst, writable=True)
+        dev = self._on_device("gather", [src] + views,
+                              ["tensor"] + [f"gather_list[{i}]" for i in range(len(views))])
         if self._detail:
             self._check("gather", src.nbytes, dtype_code(tensor.dtype), root=dst)
-        w = self._c.gather(src.ptr, src.nbytes, blocks, dst, async_op)
+        w = self._c.gather(src.ptr, src.nbytes, [(v.ptr, v.nbytes) for v in views], dst,
+                           async_op, dev)
         return self._launch(gather_list, (tensor, gather_list), async_op, w)
 
     def scatter(self, tensor: Any, scatter_list: list | None = None, src: int = 0,
@@ -140,12 +143,15 @@ class PointToPoint:
         """Rank ``src`` sends ``scatter_list[r]`` to rank r, into ``tensor``; other ranks pass
         None."""
         src = self._root(src, "scatter", "src")
-        out = bytes_of(tensor, "scatter", "tensor", writable=True)
-        blocks = self._blocks(scatter_list, tensor, out, "scatter", "scatter_list",
-                              self.rank == src)
+        out = bytes_of(tensor, "scatter", "tensor", writable=True, devices=True)
+        views = self._blocks(scatter_list, tensor, out, "scatter", "scatter_list",
+                             self.rank == src)
+        dev = self._on_device("scatter", [out] + views,
+                              ["tensor"] + [f"scatter_list[{i}]" for i in range(len(views))])
         if self._detail:
             self._check("scatter", out.nbytes, dtype_code(tensor.dtype), root=src)
-        w = self._c.scatter(blocks, out.ptr, out.nbytes, src, async_op)
+        w = self._c.scatter([(v.ptr, v.nbytes) for v in views], out.ptr, out.nbytes, src,
+                            async_op, dev)
         return self._launch(tensor, (tensor, scatter_list), async_op, w)
 
     def _blocks(self, tensors: Any, like: Any, view: Any, op: str, name: str, root: bool,
@@ -160,11 +166,11 @@ class PointToPoint:
                              f"on the root, got {n!r}")
         out = []
         for i, t in enumerate(tensors):
-            v = bytes_of(t, op, f"{name}[{i}]", writable=writable)
+            v = bytes_of(t, op, f"{name}[{i}]", writable=writable, devices=True)
             if t.dtype != like.dtype or v.nbytes != view.nbytes:
                 raise ValueError(f"{op}: {name}[{i}] is {t.dtype} of {v.count} elements but "
                                  f"tensor is {like.dtype} of {view.count}")
-            out.append((v.ptr, v.nbytes))
+            out.append(v)
         return out
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: list | None = None,
@@ -173,8 +179,9 @@ class PointToPoint:
         """Splits ``input`` along its first dimension and sends part j to rank j; ``output``
         receives rank j's part for this rank as its j-th part. Split sizes (rows per rank)
         default to equal parts; each pair of ranks must agree on the size between them."""
-        i = bytes_of(input, "all_to_all_single", "input")
-        o = bytes_of(output, "all_to_all_single", "output", writable=True)
+        i = bytes_of(input, "all_to_all_single", "input", devices=True)
+        o = bytes_of(output, "all_to_all_single", "output", writable=True, devices=True)
+        dev = self._on_device("all_to_all_single", [i, o], ["input", "output"])
         if input.dtype != output.dtype:
             raise TypeError(f"all_to_all_single: input is {input.dtype} but output is "
                             f"{output.dtype}")
@@ -182,7 +189,7 @@ class PointToPoint:
         outs = self._splits(output, o, output_split_sizes, "output")
         if self._detail:
             self._check("all_to_all_single", i.nbytes, dtype_code(input.dtype))
-        w = self._c.all_to_all(ins, outs, async_op)
+        w = self._c.all_to_all(ins, outs, async_op, dev)
         return self._launch(output, (output, input), async_op, w)
 
     def _splits(self, t: Any, v: Any, sizes: list | None, name: str) -> list:
@@ -211,8 +218,12 @@ class PointToPoint:
                    async_op: bool = False) -> Work | None:
         """Sends ``input_tensor_list[j]`` to rank j, which receives it as
         ``output_tensor_list[this rank]``."""
-        ins = self._tensor_list(input_tensor_list, "input_tensor_list")
-        outs = self._tensor_list(output_tensor_list, "output_tensor_list", writable=True)
+        iv = self._tensor_list(input_tensor_list, "input_tensor_list")
+        ov = self._tensor_list(output_tensor_list, "output_tensor_list", writable=True)
+        dev = self._on_device("all_to_all", iv + ov,
+                              [f"input_tensor_list[{j}]" for j in range(len(iv))]
+                              + [f"output_tensor_list[{j}]" for j in range(len(ov))])
+        ins, outs = [(v.ptr, v.nbytes) for v in iv], [(v.ptr, v.nbytes) for v in ov]
         for j, (a, b) in enumerate(zip(input_tensor_list, output_tensor_list)):
             if a.dtype != b.dtype:
                 raise TypeError(f"all_to_all: input_tensor_list[{j}] is {a.dtype} but "
@@ -220,7 +231,7 @@ class PointToPoint:
         if self._detail:
             self._check("all_to_all", sum(n for _, n in ins),
                         dtype_code(input_tensor_list[0].dtype) if ins else -1)
-        w = self._c.all_to_all(ins, outs, async_op)
+        w = self._c.all_to_all(ins, outs, async_op, dev)
         return self._launch(output_tensor_list, (output_tensor_list, input_tensor_list),
                             async_op, w)
 
@@ -228,9 +239,8 @@ class PointToPoint:
         if not isinstance(tensors, (list, tuple)) or len(tensors) != self.world_size:
             raise ValueError(f"all_to_all: {name} must hold one tensor per rank "
                              f"({self.world_size})")
-        return [(v.ptr, v.nbytes) for v in
-                (bytes_of(t, "all_to_all", f"{name}[{j}]", writable) for j, t in
-                 enumerate(tensors))]
+        return [bytes_of(t, "all_to_all", f"{name}[{j}]", writable, devices=True)
+                for j, t in enumerate(tensors)]
 
     # -- coalesced ------------------------------------------------------------------------
 

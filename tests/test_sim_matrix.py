@@ -1,8 +1,8 @@
-"""The collective matrix on the sim device: every collective, dtype and op, in place and out of
-place, sync and async, at 2, 3 and 4 ranks with two ranks per sim device, under random stream
-delays. Inputs are written by operations queued on the rank's stream and results read by
-operations queued after the call, so a collective that does not order itself on the caller's
-stream reads or leaves stale values."""
+"""The collective matrix on the sim device: every collective (the rooted and personalised ones
+too), dtype and op, in place and out of place, sync and async, at 2, 3 and 4 ranks with two
+ranks per sim device, under random stream delays. Inputs are written by operations queued on
+the rank's stream and results read by operations queued after the call, so a collective that
+does not order itself on the caller's stream reads or leaves stale values."""
 
 from __future__ import annotations
 
@@ -68,6 +68,55 @@ def _other_cases(comm, rank, world, bad):
                        full[rank * count:(rank + 1) * count])
 
 
+def _chunked_cases(comm, rank, world, bad):
+    """All_reduce larger than the staging chunk: chunks are copied in and back while their
+    neighbours are exchanged."""
+    from pyring.testing.sim import SimArray
+
+    n = (3 << 20) // 2 * 2 + 5  # 3 chunks of 4 MiB of float32, the last one short
+    base = torch.arange(n, dtype=torch.int64) % 7
+    x = SimArray.from_tensor((base + rank).to(torch.float32), _dev(rank))
+    out = SimArray(n, torch.float32, _dev(rank)).fill_(-1)
+    comm.all_reduce(x, out=out)
+    want = (base * world + sum(range(world))).to(torch.float32)
+    _check(bad, "chunked all_reduce", out.to_host(), want)
+    w = comm.all_reduce(x, async_op=True)
+    w.wait()
+    _check(bad, "chunked async all_reduce", x.to_host(), want)
+
+
+def _rooted_cases(comm, rank, world, bad):
+    from pyring.testing.sim import SimArray
+
+    d, root = _dev(rank), world - 1
+    x = SimArray.from_tensor(torch.arange(6, dtype=torch.int64) + 10 * rank, d)
+    got = [SimArray(6, torch.int64, d).fill_(-1) for _ in range(world)] if rank == root else None
+    comm.gather(x, got, dst=root)
+    if rank == root:
+        for r, g in enumerate(got):
+            _check(bad, f"gather from {r}", g.to_host(), torch.arange(6) + 10 * r)
+    out = SimArray(4, torch.float32, d).fill_(-1)
+    blocks = [SimArray.from_tensor(torch.full((4,), float(r)), d) for r in range(world)] \
+        if rank == root else None
+    comm.scatter(out, blocks, src=root)
+    _check(bad, "scatter", out.to_host(), torch.full((4,), float(rank)))
+    ins = [SimArray.from_tensor(torch.full((3,), float(100 * rank + j)), d) for j in range(world)]
+    outs = [SimArray(3, torch.float32, d).fill_(-1) for _ in range(world)]
+    comm.all_to_all(outs, ins)
+    for j, o in enumerate(outs):
+        _check(bad, f"all_to_all from {j}", o.to_host(), torch.full((3,), float(100 * j + rank)))
+    flat_in = SimArray.from_tensor(torch.arange(2 * world, dtype=torch.int32) + 1000 * rank, d)
+    flat_out = SimArray(2 * world, torch.int32, d).fill_(-1)
+    comm.all_to_all_single(flat_out, flat_in)
+    want = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.int32) + 1000 * j
+                      for j in range(world)])
+    _check(bad, "all_to_all_single", flat_out.to_host(), want)
+    r = SimArray.from_tensor(torch.full((5,), float(rank + 1)), d)
+    comm.reduce(r, dst=root)
+    _check(bad, "reduce", r.to_host(), torch.full((5,), float(
+        sum(k + 1 for k in range(world)) if rank == root else rank + 1)))
+
+
 def _async_cases(comm, rank, world, bad):
     from pyring.testing.sim import SimArray
 
@@ -98,10 +147,12 @@ def matrix_body(rank, world, store):
                      set_default=False) as tiny:
         _all_reduce_cases(tiny, rank, world, bad, "seg=128")
         _other_cases(tiny, rank, world, bad)
+        _rooted_cases(tiny, rank, world, bad)
         _async_cases(tiny, rank, world, bad)
         assert tiny.device == f"sim:{_dev(rank)}"
     with pyring.init(rank, world, store, set_default=False) as auto:
         _all_reduce_cases(auto, rank, world, bad, "auto")
+        _chunked_cases(auto, rank, world, bad)
     return bad
 
 

@@ -108,6 +108,10 @@ class SimArray:
         a.copy_(t)
         return a
 
+    def new_empty(self, shape: Any) -> SimArray:
+        """An uninitialised array of ``shape`` with this one's dtype and device."""
+        return SimArray(shape, self.dtype, self.device)
+
     @property
     def __sim_array_interface__(self) -> dict:
         name = str(self.dtype).removeprefix("torch.")
