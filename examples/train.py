@@ -2,7 +2,9 @@
 """Train a small character-level transformer on the Python standard library's own source,
 on N local ranks whose gradients are averaged by pyring. Needs no download.
 
-    PYTHONPATH=. python examples/train.py                      # 2 CPU ranks (1 per GPU if any)
+    PYTHONPATH=. python examples/train.py                      # 1 rank per GPU, else 2 CPU ranks
+    PYTHONPATH=. python examples/train.py --ranks-per-gpu 2    # 2 ranks sharing each GPU
+    PYTHONPATH=. python examples/train.py --device cpu         # 2 CPU ranks even with GPUs
     PYTHONPATH=. python examples/train.py --sync ddp-gloo      # the same run on DDP + gloo
     PYTHONPATH=. torchrun --nproc-per-node 2 examples/train.py
 
@@ -10,6 +12,9 @@ on N local ranks whose gradients are averaged by pyring. Needs no download.
 runs, and opt.synchronize() waits for the rest; ddp-pyring: DistributedDataParallel on the
 "pyring" torch.distributed backend; ddp-gloo: DistributedDataParallel on gloo (both DDPs with
 gradient_as_bucket_view=True).
+--device auto (the default) trains on CUDA when torch.cuda.is_available(): local rank r uses
+GPU r // --ranks-per-gpu, model and batches on it, and the gradients travel as CUDA tensors
+through the same sync method as on the CPU. Each rank prints its device at start.
 Started without torchrun, the script spawns its own ranks, which meet through a TCPStore on
 127.0.0.1 held by this process; a failing rank, a hang past --time-limit or the death of the
 parent ends every rank.
@@ -18,14 +23,13 @@ parent ends every rank.
 from __future__ import annotations
 
 import argparse
-import datetime
-import functools
+import json
 import math
 import os
 import statistics
 import sys
-import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +38,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pyring
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_launch import (  # noqa: E402
+    BusyTimer,
+    Progress,
+    connect,
+    describe_device,
+    gpu_count,
+    launch,
+    pyring_comm_of_default_group,
+    rank_device,
+    watch_parent,
+)
 
 SYNCS = ("pyring", "ddp-pyring", "ddp-gloo")
 
@@ -96,107 +113,14 @@ def get_batch(data: torch.Tensor, starts: torch.Tensor, seq: int,
     return w[:, :-1], w[:, 1:]
 
 
-# ----------------------------------------------------------------------------- processes
-def watch_parent() -> None:
-    """Exits this process as soon as the process that started it is gone."""
-    parent = os.getppid()
-
-    def loop() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(3)
-
-    threading.Thread(target=loop, daemon=True, name="watch-parent").start()
-
-
-def launch(fn: Any, world: int, fn_args: tuple, time_limit: float) -> dist.TCPStore:
-    """Runs fn(rank, world, store_port, *fn_args) on `world` spawned processes that meet
-    through a TCPStore held here (returned, so that ranks can leave results in it). Raises
-    when a rank fails (the others are killed) or on time_limit (every rank is killed)."""
-    import torch.multiprocessing as mp
-
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=time_limit))
-    ctx = mp.start_processes(fn, args=(world, store.port, *fn_args), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + time_limit
-    try:
-        while not ctx.join(timeout=0.5):  # raises when a rank failed, killing the others
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks still running after {time_limit:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return store
-
-
-def connect(sync: str, rank: int, world: int, port: int | None, timeout: float) -> Any:
-    """Joins the job; returns the pyring Communicator for --sync pyring, else None (the
-    default process group is then set up)."""
-    td = datetime.timedelta(seconds=timeout)
-    store = None if port is None else dist.TCPStore(
-        "127.0.0.1", port, world + 1, is_master=False, timeout=td)
-    if sync == "pyring":
-        return (pyring.init(timeout=timeout) if store is None
-                else pyring.init(rank, world, store, timeout=timeout))
-    kw = {} if store is None else {"store": store, "rank": rank, "world_size": world}
-    dist.init_process_group("pyring" if sync == "ddp-pyring" else "gloo", timeout=td, **kw)
-    return None
-
-
-def pyring_comm_of_default_group() -> Any:
-    """The Communicator under the default process group when its backend is pyring."""
-    group = dist.group.WORLD
-    if getattr(group, "comm", None) is not None:  # Python backends are the group itself
-        return group.comm
-    try:
-        return group._get_backend(torch.device("cpu")).comm
-    except (AttributeError, RuntimeError):
-        return None
-
-
-class BusyTimer:
-    """Times the asynchronous allreduces submitted on a pyring Communicator (by wrapping its
-    all_reduce). The progress thread runs them in order, so work k occupies it at most from
-    max(submitted_k, done_{k-1}) to done_k; `busy` sums those spans (including time spent
-    waiting for the peers to submit the same bucket). Timestamps come from Python callbacks."""
-
-    def __init__(self, comm: Any) -> None:
-        self.busy, self.count, self.nbytes, self.last_done = 0.0, 0, 0, 0.0
-        self.on = False
-        self._lock = threading.Lock()
-        original = comm.all_reduce
-
-        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            work = original(tensor, *args, **kwargs)
-            if work is not None and self.on:
-                self.count += 1
-                self.nbytes += tensor.numel() * tensor.element_size()
-                work.get_future().add_done_callback(functools.partial(self._done, t0))
-            return work
-
-        comm.all_reduce = all_reduce
-
-    def _done(self, t0: float, _fut: Any) -> None:
-        t1 = time.perf_counter()
-        with self._lock:
-            self.busy += t1 - max(t0, self.last_done)
-            self.last_done = t1
-
-
 # ----------------------------------------------------------------------------- training
 def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> None:
     watch_parent()
     torch.set_num_threads(args.threads)
-    use_cuda = torch.cuda.is_available() and not args.cpu
-    if use_cuda and args.sync != "ddp-gloo":  # pyring's collectives take CPU tensors for now
-        use_cuda = False
-        if rank == 0:
-            print(f"note: --sync {args.sync} trains on the CPU (pyring takes CPU tensors)")
-    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if port is None else rank
+    device = rank_device(args.device, local_rank, args.ranks_per_gpu)
+    print(f"rank {rank}: {describe_device(device, args.ranks_per_gpu, args.threads)}",
+          flush=True)
     comm = connect(args.sync, rank, world, port, args.timeout)
     if args.sync == "ddp-pyring":
         comm = pyring_comm_of_default_group()
@@ -223,7 +147,8 @@ def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> 
         net = model
     else:  # DDP broadcasts rank 0's parameters and buffers at construction
         net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if use_cuda else None, gradient_as_bucket_view=True)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True)
     timer = BusyTimer(comm) if comm is not None else None
 
     def average(values: list[float]) -> list[float]:
@@ -293,9 +218,10 @@ def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> 
               f"(steps 2..{args.steps}; median step {statistics.median(timed) * 1e3:.1f} ms); "
               f"{args.steps} steps in {elapsed:.1f} s")
         if args.sync == "pyring":
+            host = "; host time: the stream waits for the rest" if device.type == "cuda" else ""
             print(f"comm wait    {stats[0]:.2f} s in opt.synchronize() waiting for in-flight "
                   f"allreduces ({100 * stats[0] / elapsed:.1f}% of the run; mean over ranks; "
-                  f"includes waiting for a slower rank)")
+                  f"includes waiting for a slower rank{host})")
         else:
             print("comm wait    not separable: DDP waits for its allreduces inside backward()")
         if timer is not None:
@@ -304,52 +230,31 @@ def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> 
                   f" upper bound: includes waiting for peers; mean over ranks)")
         else:
             print("comm busy    not measured (gloo's works expose no timing)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "sync": args.sync, "world": world, "steps": args.steps, "params": n_params,
+                "device": str(device), "ranks_per_gpu": args.ranks_per_gpu,
+                "threads_per_rank": args.threads, "train_loss_first": first,
+                "train_loss_last": last, "val_loss": vl, "tokens_per_s": rate * args.seq,
+                "median_step_s": statistics.median(timed), "elapsed_s": elapsed,
+                "comm_wait_s": stats[0] if args.sync == "pyring" else None,
+            }, indent=1))
     if args.sync == "pyring":
         pyring.destroy()
     else:
         dist.destroy_process_group()
 
 
-class Progress:
-    """tqdm when installed, else one line rewritten with \\r (one line per 10% when not a tty)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.t0, self.last = total, time.perf_counter(), -1
-        try:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
-        except ImportError:
-            self.bar = None
-        self.tty = sys.stderr.isatty()
-
-    def update(self, n: int, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            return
-        tenth = 10 * n // self.total
-        if not self.tty and tenth == self.last:
-            return
-        self.last = tenth
-        dt = time.perf_counter() - self.t0
-        eta = dt / n * (self.total - n)
-        line = f"step {n}/{self.total}  loss {loss:.3f}  {dt:.0f}s elapsed, eta {eta:.0f}s"
-        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.tty:
-            sys.stderr.write("\n")
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    p.add_argument("--ranks", type=int, default=gpus or 2,
-                   help="local ranks to spawn (ignored under torchrun)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when torch.cuda.is_available()")
+    p.add_argument("--ranks-per-gpu", type=int, default=1,
+                   help="ranks sharing one GPU: local rank r uses GPU r // N")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="local ranks to spawn (ignored under torchrun; default: GPUs x "
+                   "--ranks-per-gpu on CUDA, else 2)")
     p.add_argument("--sync", choices=SYNCS, default="pyring")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
@@ -365,7 +270,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=float, default=1.0,
                    help="pyring's gradient bucket size (MiB); DDP keeps its own (25)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
+    p.add_argument("--cpu", action="store_true", help="the same as --device cpu")
+    p.add_argument("--json", metavar="PATH", help="rank 0 also writes the summary here as JSON")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="deadline (s) of the rendezvous and of every collective")
     p.add_argument("--time-limit", type=float, default=1800.0,
@@ -373,6 +279,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dim % args.heads:
         p.error("--dim must be a multiple of --heads")
+    if args.ranks_per_gpu < 1:
+        p.error("--ranks-per-gpu must be >= 1")
+    gpus = gpu_count()
+    if args.cpu or args.device == "auto":
+        args.device = "cuda" if gpus and not args.cpu else "cpu"
+    elif args.device == "cuda" and not gpus:
+        p.error("--device cuda: torch.cuda.is_available() is False")
+    fits = gpus * args.ranks_per_gpu
+    if args.ranks is None:
+        args.ranks = fits if args.device == "cuda" else 2
+    elif args.device == "cuda" and args.ranks > fits and "RANK" not in os.environ:
+        p.error(f"--ranks {args.ranks}: {gpus} GPU(s) x --ranks-per-gpu {args.ranks_per_gpu} "
+                f"hold {fits} ranks")
     return args
 
 

@@ -1,0 +1,215 @@
+"""The GPU benchmarks of the self-check (pyring/selfcheck.py), run in spawned ranks: the CUDA
+kernels beside a device-to-device copy, and allreduce on one GPU beside gloo, NCCL and the
+host copies. Each function returns plain data (JSON-ready); figures are in seconds and GB/s
+(1e9 bytes per second)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+MIB = 1 << 20
+KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
+# (world, library) in the order they run; "copies": a pinned D2H then H2D of the buffer.
+ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, "gloo"),
+                  (4, "pyring"), (4, "gloo"))
+
+
+def launch(world: int, fn: Callable, *args: Any, timeout: float, tests: Path) -> list[Any]:
+    """fn(rank, world, store, *args) on `world` spawned ranks; their results in rank order.
+    Through tests/multiproc.py's run_ranks (from the folder `tests`) where it imports, else
+    torch.multiprocessing with a TCPStore. Raises when a rank fails or outlives `timeout`."""
+    if str(tests) not in sys.path:
+        sys.path.insert(0, str(tests))
+    try:
+        from multiproc import run_ranks
+    except ImportError:
+        return _spawn_ranks(world, fn, args, timeout)
+    return run_ranks(world, fn, *args, timeout=timeout, hard_exit=True)
+
+
+def _spawn_ranks(world: int, fn: Callable, args: tuple, timeout: float) -> list[Any]:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    ctx = mp.start_processes(_spawned, args=(world, store.port, fn, args, timeout), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=0.5):  # raises when a rank failed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks still running after {timeout:.0f} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return [json.loads(store.get(f"result/{r}")) for r in range(world)]
+
+
+def _spawned(rank: int, world: int, port: int, fn: Callable, args: tuple, timeout: float) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    result = fn(rank, world, dist.PrefixStore("job", store), *args)
+    store.set(f"result/{rank}", json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- kernels
+def kernels_rank(rank: int, world: int, store: Any, nbytes: int, rounds: int,
+                 iters: int) -> dict[str, Any]:
+    """GB/s of dst.copy_(src), cuda_reduce_accumulate and cuda_onebit_encode (with a residual)
+    on nbytes of float32, interleaved round by round after one warm-up round; per kernel the
+    median round and the ratio to the copy's. Bytes are those the operation must read and
+    write once: copy 8 per element; reduce 12 (a, b, out); encode 12 (input, residual in and
+    out) plus the encoded bytes. A kernel that sweeps a buffer twice gets no credit for it."""
+    import torch
+
+    from pyring import _C
+
+    torch.cuda.set_device(0)
+    n = nbytes // 4
+    a, b, out = (torch.randn(n, device="cuda") for _ in range(3))
+    residual = torch.zeros(n, device="cuda")
+    enc = torch.empty(16 + 2 * ((n + 7) // 8), dtype=torch.uint8, device="cuda")
+    ws = torch.empty(_C.cuda_onebit_workspace_bytes(), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    f32, op_sum = _C.DTYPE_NAMES.index("float32"), _C.OP_NAMES.index("sum")
+    encoded = [0]
+
+    def reduce() -> None:  # out = a + b
+        _C.cuda_reduce_accumulate(f32, op_sum, a.data_ptr(), b.data_ptr(), out.data_ptr(), n,
+                                  stream)
+
+    def encode() -> None:  # reads a and residual, writes residual and enc; syncs the stream
+        encoded[0] = _C.cuda_onebit_encode(a.data_ptr(), residual.data_ptr(), n, enc.data_ptr(),
+                                           ws.data_ptr(), stream)[0]
+
+    kernels = {"copy": lambda: out.copy_(a), "reduce_accumulate": reduce,
+               "onebit_encode": encode}
+    rates: dict[str, list[float]] = {k: [] for k in kernels}
+    for r in range(rounds + 1):
+        for name, call in kernels.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                call()
+            end.record()
+            end.synchronize()
+            moved = {"copy": 8 * n, "reduce_accumulate": 12 * n}.get(name, 12 * n + encoded[0])
+            if r:
+                rates[name].append(moved * iters / (start.elapsed_time(end) / 1e3) / 1e9)
+    reduce()
+    wrong = int((out != a + b).sum())
+    res: dict[str, Any] = {k: {"GBps": statistics.median(v), "rounds_GBps": v}
+                           for k, v in rates.items()}
+    for k in ("reduce_accumulate", "onebit_encode"):
+        res[k]["vs_copy"] = res[k]["GBps"] / res["copy"]["GBps"]
+    return res | {"reduce_wrong": wrong, "onebit_bytes": encoded[0]}
+
+
+def measure_kernels(tests: Path, timeout: float) -> dict[str, Any]:
+    (res,) = launch(1, kernels_rank, KERNEL_BYTES, 5, 20, timeout=timeout, tests=tests)
+    out = {"bytes": KERNEL_BYTES, "dtype": "float32", **res, "values": {
+        "reduce_vs_copy": res["reduce_accumulate"]["vs_copy"],
+        "onebit_vs_copy": res["onebit_encode"]["vs_copy"]}}
+    if res["reduce_wrong"]:
+        out["error"] = f"cuda_reduce_accumulate: {res['reduce_wrong']} wrong elements"
+    return out
+
+
+# ----------------------------------------------------------------------------- allreduce
+def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, warmup: int,
+                   iters: int, timeout: float) -> dict[str, Any]:
+    """Per-iteration seconds of an in-place float32 sum on GPU 0, each call followed by
+    torch.cuda.synchronize(). Every rank starts from ones, so after k calls every element is
+    world**k (exact for world 1, 2, 4): "wrong" counts the others. lib "copies" times a
+    pinned D2H then H2D of the buffer with CUDA events instead."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    t = torch.ones(nbytes // 4, device="cuda")
+    if lib == "copies":
+        host = torch.empty(t.numel(), pin_memory=True)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        d2h, h2d = [], []
+        for i in range(warmup + iters):
+            ev[0].record()
+            host.copy_(t, non_blocking=True)
+            ev[1].record()
+            t.copy_(host, non_blocking=True)
+            ev[2].record()
+            ev[2].synchronize()
+            if i >= warmup:
+                d2h.append(ev[0].elapsed_time(ev[1]) / 1e3)
+                h2d.append(ev[1].elapsed_time(ev[2]) / 1e3)
+        return {"d2h_s": d2h, "h2d_s": h2d}
+    if lib == "pyring":
+        import pyring
+
+        comm = pyring.init(rank, world, store, timeout=timeout)
+        call: Callable[[], Any] = lambda: comm.all_reduce(t)  # noqa: E731
+    else:
+        dist.init_process_group(lib, store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+        call = lambda: dist.all_reduce(t)  # noqa: E731
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    store.set(f"timed/{rank}", "1")  # every rank starts its timed calls together
+    store.wait([f"timed/{r}" for r in range(world)], datetime.timedelta(seconds=timeout))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"times_s": times, "wrong": int((t != float(world) ** (warmup + iters)).sum())}
+
+
+def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str, Any]:
+    """Every job of ALLREDUCE_JOBS in fresh ranks (limit(cap): the seconds a job may take). A
+    collective's time is the median over iterations of the slowest rank's; busbw is
+    algbw x 2(n-1)/n as in nccl-tests."""
+    out: dict[str, Any] = {"bytes": ALLREDUCE_BYTES, "dtype": "float32", "device": "cuda:0",
+                           "runs": {}}
+    for world, lib in ALLREDUCE_JOBS:
+        key = f"{lib} x{world}"
+        warmup, iters = (2, 8) if lib == "gloo" else (3, 20)
+        try:
+            ranks = launch(world, allreduce_rank, lib, ALLREDUCE_BYTES, warmup, iters, 30.0,
+                           timeout=limit(90), tests=tests)
+        except Exception as e:
+            out["runs"][key] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
+            continue
+        if lib == "copies":
+            d2h, h2d = ranks[0]["d2h_s"], ranks[0]["h2d_s"]
+            out["runs"][key] = {"d2h_s": statistics.median(d2h), "h2d_s": statistics.median(h2d),
+                                "time_s": statistics.median([x + y for x, y in zip(d2h, h2d)])}
+            continue
+        slowest = [max(r["times_s"][i] for r in ranks) for i in range(iters)]
+        med = statistics.median(slowest)
+        out["runs"][key] = {"time_s": med, "min_s": min(slowest), "iters": iters,
+                            "algbw_GBps": ALLREDUCE_BYTES / med / 1e9,
+                            "busbw_GBps": ALLREDUCE_BYTES / med / 1e9 * 2 * (world - 1) / world,
+                            "wrong": sum(r["wrong"] for r in ranks)}
+    t = {k: v.get("time_s") for k, v in out["runs"].items()}
+    values = {}
+    if t.get("pyring x2") and t.get("gloo x2"):
+        values["gloo_over_pyring_w2"] = t["gloo x2"] / t["pyring x2"]
+    if t.get("pyring x2") and t.get("copies x1"):
+        values["pyring_over_copies_w2"] = t["pyring x2"] / t["copies x1"]
+    out["values"] = values
+    bad = [k for k, v in out["runs"].items() if "error" in v or v.get("wrong")]
+    if bad:
+        out["error"] = f"failed or wrong: {', '.join(bad)}"
+    return out

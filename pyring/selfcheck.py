@@ -1,0 +1,426 @@
+"""The self-check: on a GPU machine, one command builds pyring in place with CUDA, runs the GPU
+tests and the GPU benchmarks, and writes one JSON and one PNG with the machine's description.
+
+    python -m pyring.selfcheck [--out DIR] [--quick] [--no-build]
+    python pyring/selfcheck.py ...        # the same, where no pyring._C is built yet
+
+Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
+  build        pip install --no-build-isolation --no-deps --no-index -e <tree> (scikit-build-core)
+               with CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=<the GPUs', e.g. 90> -DPYRING_CUDA=ON"
+  gpu_tests    pytest -m gpu -q
+  kernels      cuda_reduce_accumulate and cuda_onebit_encode on 256 MiB of float32 beside
+               torch's device-to-device dst.copy_(src), timed with CUDA events
+  allreduce    64 MiB float32 CUDA tensors: pyring and gloo at 2 and 4 ranks on GPU 0, pyring
+               and NCCL at 1 rank, and a pinned D2H + H2D of the same bytes
+  main_job     examples/train.py on the GPU(s) and on the CPU, the same ranks, steps and seeds
+  cpu_scaling  bench/training.py --mode scaling on the CPU (GPUs hidden), pyring beside DDP+gloo
+A step that needs a GPU records {"skipped": why} where none is usable; a step that fails
+records its error and the next one runs. The exit status is 1 when a step that ran failed.
+Targets (recorded under "targets" as met or not, never asserted) are in TARGETS.
+--quick shrinks the CPU parts (1 and 2 ranks, few steps, a small model) for CI.
+
+Every step runs in fresh processes (the GPU benchmarks in the spawned ranks of
+pyring/_selfcheck_ranks.py): the build replaces pyring._C, and this process keeps the module
+it started with. This file imports no pyring at its top, so that it runs as a file in a tree
+with no core built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+if __name__ == "__main__" and not __package__:  # run as a file: import pyring from its tree
+    sys.path[0] = str(Path(__file__).absolute().parent.parent)
+
+PKG_PARENT = Path(__file__).absolute().parent.parent  # what the children import pyring from
+# (step, the key of the step's "values", comparison, goal, what it says)
+TARGETS = (
+    ("kernels", "reduce_vs_copy", ">=", 0.9,
+     "cuda_reduce_accumulate GB/s >= 90% of dst.copy_(src) GB/s (256 MiB float32)"),
+    ("kernels", "onebit_vs_copy", ">=", 0.8, "cuda_onebit_encode GB/s >= 80% of the copy's"),
+    ("allreduce", "gloo_over_pyring_w2", ">=", 10.0,
+     "2 ranks on one GPU, 64 MiB: gloo's time / pyring's >= 10"),
+    ("allreduce", "pyring_over_copies_w2", "<=", 1.5,
+     "2 ranks on one GPU, 64 MiB: pyring's time / (pinned D2H + H2D of 64 MiB) <= 1.5"),
+    ("main_job", "loss_rel_diff", "<=", 0.02,
+     "|GPU - CPU| / CPU final validation loss of examples/train.py <= 2%"),
+)
+
+
+# ----------------------------------------------------------------------------- processes
+def tree() -> Path:
+    """The source tree (examples/, bench/, tests/): pyring's parent, else the working dir."""
+    return PKG_PARENT if (PKG_PARENT / "examples" / "train.py").exists() else Path.cwd()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of every child: this one, importing the same pyring first."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PKG_PARENT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run(cmd: list[str], limit: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs cmd in the tree: its exit status (None: killed at `limit` seconds), how it ended,
+    its wall time and its output's tail. Never raises."""
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(cmd, cwd=tree(), env=env or child_env(), capture_output=True,
+                             text=True, timeout=max(1.0, limit))
+        rc, text, ended = res.returncode, res.stdout + res.stderr, f"exited with {res.returncode}"
+    except subprocess.TimeoutExpired as e:  # its output so far comes as bytes
+        out = b"".join(x for x in (e.stdout, e.stderr) if isinstance(x, bytes))
+        rc, text, ended = None, out.decode(errors="replace"), f"was killed after {limit:.0f} s"
+    return {"command": cmd, "rc": rc, "ended": ended,
+            "wall_s": round(time.perf_counter() - t0, 1), "tail": text[-3000:]}
+
+
+def probe(limit: float = 120.0) -> dict[str, Any]:
+    """torch's and pyring's view of the devices, from a fresh interpreter."""
+    cmd = [sys.executable, str(Path(__file__).absolute()), "--probe"]
+    try:
+        res = subprocess.run(cmd, cwd=tree(), env=child_env(), capture_output=True, text=True,
+                             timeout=limit)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {"probe_error": f"{type(e).__name__}: {e}"}
+
+
+def _probe_here() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        import torch
+
+        out |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                "cuda_available": torch.cuda.is_available()}
+        gpus = torch.cuda.device_count() if out["cuda_available"] else 0
+        out["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "capability": list(torch.cuda.get_device_capability(i)),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory
+                                            / 2**30, 1)} for i in range(gpus)]
+    except Exception as e:
+        out["torch_error"] = f"{type(e).__name__}: {e}"
+    try:
+        import pyring
+        from pyring import _C
+
+        out |= {"pyring": pyring.__version__, "pyring_C": _C.__file__,
+                "built_with_cuda": _C.built_with_cuda(), "pyring_gpus": _C.cuda_device_count()}
+    except Exception as e:
+        out["pyring_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def no_gpu_reason(p: dict[str, Any], need_pyring: bool = True) -> str | None:
+    """Why the GPU steps cannot run (None: they can)."""
+    if "probe_error" in p:
+        return f"the device probe failed: {p['probe_error']}"
+    if "torch_error" in p:
+        return f"torch does not import: {p['torch_error']}"
+    if not p.get("cuda_available"):
+        return "torch.cuda.is_available() is False"
+    if not need_pyring:
+        return None
+    if "pyring_error" in p:
+        return f"pyring does not import: {p['pyring_error']}"
+    if not p.get("pyring_gpus"):
+        built = "" if p.get("built_with_cuda") else " (pyring._C.built_with_cuda() is False)"
+        return f"pyring._C.cuda_device_count() == 0{built}"
+    return None
+
+
+# ----------------------------------------------------------------------------- steps
+class Check:
+    """What the steps share: the options, the output folder, the device probe, the clock."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.out = args, Path(args.out)
+        self.deadline = time.monotonic() + args.budget
+        self.probe: dict[str, Any] = {}
+
+    def left(self, cap: float) -> float:
+        """Seconds a child may run: cap, or what the budget has left if less."""
+        left = self.deadline - time.monotonic()
+        if left < 10:
+            raise TimeoutError(f"not run: the {self.args.budget:.0f} s budget is spent")
+        return min(cap, left)
+
+
+def step_build(c: Check) -> dict[str, Any]:
+    if c.args.no_build:
+        return {"skipped": "--no-build"}
+    why = no_gpu_reason(c.probe, need_pyring=False)
+    if why:
+        return {"skipped": f"{why}: the build targets this machine's GPUs"}
+    archs = sorted({"".join(map(str, g["capability"])) for g in c.probe["gpus"]})
+    # CMAKE_ARGS, not SKBUILD_CMAKE_ARGS: scikit-build-core splits the latter at every ";".
+    cmake = f"{os.environ.get('CMAKE_ARGS', '')} -DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)} "
+    cmake += "-DPYRING_CUDA=ON"
+    env = child_env(CMAKE_ARGS=cmake.strip(), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count()))
+    res = run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+               "--no-index", "-e", str(tree())], c.left(480), env)
+    res["CMAKE_ARGS"] = env["CMAKE_ARGS"]
+    c.probe = probe()  # the module a fresh interpreter now imports
+    res["after"] = {k: c.probe.get(k) for k in ("pyring_C", "built_with_cuda", "pyring_error")}
+    if res["rc"] != 0:
+        res["error"] = f"pip {res['ended']}"
+    elif not c.probe.get("built_with_cuda"):
+        res["error"] = f"a fresh interpreter imports a pyring._C without CUDA: {res['after']}"
+    return res
+
+
+def step_gpu_tests(c: Check) -> dict[str, Any]:
+    res = run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+              c.left(300))
+    counts = {k: int(v) for v, k in re.findall(
+        r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", res["tail"][-600:])}
+    res["counts"] = counts
+    if res["rc"] != 0 or not counts.get("passed"):
+        res["error"] = f"pytest {res['ended']}: {counts or 'no summary'}"
+    return res
+
+
+def step_kernels(c: Check) -> dict[str, Any]:
+    from pyring._selfcheck_ranks import measure_kernels
+
+    return measure_kernels(tree() / "tests", c.left(180))
+
+
+def step_allreduce(c: Check) -> dict[str, Any]:
+    from pyring._selfcheck_ranks import measure_allreduce
+
+    return measure_allreduce(tree() / "tests", c.left)
+
+
+def main_job_args(c: Check) -> list[str]:
+    if c.args.quick:
+        return "--steps 30 --dim 64 --layers 2 --data-mb 1 --val-batches 4".split()
+    return ["--steps", "300"]
+
+
+def _train(c: Check, name: str, device_args: list[str]) -> dict[str, Any]:
+    path = c.out / f"main_job_{name}.json"
+    path.unlink(missing_ok=True)
+    res = run([sys.executable, "examples/train.py", *main_job_args(c), "--ranks", "2",
+               *device_args, "--json", str(path), "--time-limit", "400"], c.left(420))
+    if res["rc"] == 0 and path.exists():
+        return {**json.loads(path.read_text()), "wall_s": res["wall_s"], "command": res["command"]}
+    return {**res, "error": f"train.py {res['ended']}"}
+
+
+def step_main_job(c: Check) -> dict[str, Any]:
+    out: dict[str, Any] = {"cpu": _train(c, "cpu", ["--device", "cpu"])}
+    gpus = len(c.probe.get("gpus") or [])
+    why = no_gpu_reason(c.probe)
+    # On the GPU, 2 ranks as on the CPU: sharing the GPU where there is one.
+    out["gpu"] = {"skipped": why} if why else _train(
+        c, "gpu", ["--device", "cuda", "--ranks-per-gpu", "2" if gpus == 1 else "1"])
+    losses = [out[k].get("val_loss") for k in ("cpu", "gpu")]
+    out["values"] = {"loss_rel_diff": abs(losses[1] - losses[0]) / losses[0]} if all(losses) else {}
+    failed = [k for k in ("cpu", "gpu") if "error" in out[k]]
+    if failed:
+        out["error"] = f"train.py failed on {' and '.join(failed)}"
+    return out
+
+
+def step_cpu_scaling(c: Check) -> dict[str, Any]:
+    path = c.out / "scaling.json"
+    path.unlink(missing_ok=True)
+    size = ("--ranks 1,2 --dim 64 --layers 2 --batch 4 --seq 64 --data-mb 0.5 --steps 5 "
+            "--warmup 1 --comm-iters 5" if c.args.quick else "--ranks 1,2,4,8 --steps 10 "
+            "--warmup 2").split()
+    res = run([sys.executable, "bench/training.py", "--mode", "scaling", *size, "--repeats",
+               "1", "--methods", "pyring,ddp-gloo", "--run-limit", "120", "--tag", "selfcheck",
+               "--out", str(path)], c.left(420), child_env(CUDA_VISIBLE_DEVICES=""))
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    out = {"json": str(path), "command": res["command"], "config": doc.get("config"),
+           "summary": doc.get("summary")}
+    if res["rc"] != 0:  # a failed run is in the JSON's "runs"; the others are summarized
+        out |= {"error": f"bench/training.py {res['ended']}", "tail": res["tail"]}
+    return out
+
+
+STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
+    "build": step_build, "gpu_tests": step_gpu_tests, "kernels": step_kernels,
+    "allreduce": step_allreduce, "main_job": step_main_job, "cpu_scaling": step_cpu_scaling}
+GPU_STEPS = ("gpu_tests", "kernels", "allreduce")  # skipped whole where no GPU is usable
+
+
+# ----------------------------------------------------------------------------- report
+def machine(p: dict[str, Any]) -> dict[str, Any]:
+    """The machine, the versions and the source revision; None where unknown."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = (re.findall(r"^model name\s*:\s*(.+)$", cpuinfo, re.M) or [None])[0]
+
+    def git(*a: str) -> str | None:
+        try:
+            res = subprocess.run(["git", *a], cwd=tree(), capture_output=True, text=True,
+                                 timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"cpu_model": model or platform.processor() or None, "cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else None, "hostname": platform.node(), "python": platform.python_version(),
+            "gpus": p.get("gpus"), "torch": p.get("torch"), "torch_cuda": p.get("torch_cuda"),
+            "pyring": p.get("pyring"), "pyring_C": p.get("pyring_C"),
+            "pyring_built_with_cuda": p.get("built_with_cuda"), "git_sha": git("rev-parse", "HEAD"),
+            "git_modified": bool(status) if status is not None else None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def targets(steps: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its value and whether it is met (None: not measured)."""
+    out = []
+    for step, key, cmp, goal, text in TARGETS:
+        value = (steps.get(step, {}).get("values") or {}).get(key)
+        met = None if value is None else (value >= goal if cmp == ">=" else value <= goal)
+        out.append({"step": step, "target": text, "key": key, "goal": f"{cmp} {goal:g}",
+                    "value": value, "met": met})
+    return out
+
+
+def plot(doc: dict[str, Any], path: Path) -> str:
+    """One panel per benchmark step; returns the PNG's path or why there is none."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no PNG: matplotlib is not importable ({e})"
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, name in zip(axes.flat, ("kernels", "allreduce", "main_job", "cpu_scaling")):
+        rec = doc["steps"].get(name, {})
+        title, bars = _panel(name, rec)
+        ax.set_title(title, fontsize=9)
+        if bars:
+            ax.bar(list(bars), list(bars.values()), log=name == "allreduce")
+            ax.tick_params(axis="x", labelsize=7, rotation=20)
+        elif rec.get("summary"):
+            for method in dict.fromkeys(r["method"] for r in rec["summary"]):
+                pts = sorted((r["ranks"], r["speedup"]) for r in rec["summary"] if r.get(
+                    "speedup") and (r["method"] == method or r["ranks"] == 1))  # from 1 rank
+                ax.plot(*zip(*pts), "o-", label=method)
+            worlds = sorted({r["ranks"] for r in rec["summary"]})
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(worlds, [str(w) for w in worlds])
+            ax.set_xlabel("ranks")
+            ax.legend(fontsize=7)
+        else:
+            why = f"skipped: {rec['skipped']}" if "skipped" in rec else rec.get("error", "")
+            ax.text(0.5, 0.5, why[:200] or "no figures", ha="center", va="center", wrap=True,
+                    fontsize=8, transform=ax.transAxes)
+            ax.set_axis_off()
+        ax.grid(alpha=0.3)
+    gpus = ", ".join(g["name"] for g in doc["machine"].get("gpus") or []) or "no GPU"
+    fig.suptitle(f"pyring self-check: {doc['machine']['cpu_model']}; {gpus}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _panel(name: str, rec: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """A panel's title and its bars (label: height; none for the scaling curves)."""
+    if name == "kernels":
+        return "256 MiB float32: GB/s, bytes read + written", {
+            k: rec[k]["GBps"] for k in ("copy", "reduce_accumulate", "onebit_encode") if k in rec}
+    if name == "allreduce":
+        return "64 MiB float32 on GPU 0: ms per call (slowest rank)", {
+            k: v["time_s"] * 1e3 for k, v in rec.get("runs", {}).items() if "time_s" in v}
+    if name == "main_job":
+        return "examples/train.py: final validation loss", {
+            k: rec[k]["val_loss"] for k in ("cpu", "gpu") if "val_loss" in (rec.get(k) or {})}
+    return "CPU scaling: speedup in samples/s over 1 rank", {}
+
+
+def summary(rec: dict[str, Any]) -> str:
+    """A step's console line: its outcome and its headline figures."""
+    if "skipped" in rec:
+        return f"skipped: {rec['skipped']}"
+    figures = dict(rec.get("counts") or {})
+    figures |= {f"{k} GB/s": rec[k]["GBps"] for k in ("copy", "reduce_accumulate",
+                                                       "onebit_encode") if k in rec}
+    figures |= {f"{k} ms": v["time_s"] * 1e3 for k, v in (rec.get("runs") or {}).items()
+                if "time_s" in v}
+    figures |= {f"{k} val loss": rec[k]["val_loss"] for k in ("cpu", "gpu")
+                if isinstance(rec.get(k), dict) and "val_loss" in rec[k]}
+    figures |= {f"{r['method']} x{r['ranks']} speedup": r["speedup"]
+                for r in rec.get("summary") or [] if r["ranks"] > 1}
+    figures |= rec.get("values") or {}
+    text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in figures.items())
+    head = f"FAILED: {rec['error'][:500]}" if "error" in rec else "ok"
+    return f"{head} ({rec['wall_s']:.0f} s){'; ' + text if text else ''}"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pyring.selfcheck",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="selfcheck", help="folder of selfcheck.json and .png")
+    p.add_argument("--quick", action="store_true", help="small CPU parts (about a minute)")
+    p.add_argument("--no-build", action="store_true", help="use the pyring already importable")
+    p.add_argument("--budget", type=float, default=840.0,
+                   help="seconds for the whole run: a step past it fails as not run")
+    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.probe:
+        print(json.dumps(_probe_here()))
+        return 0
+    c = Check(args)
+    c.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    c.probe = probe()
+    me = ["-m", "pyring.selfcheck"] if __package__ else sys.argv[:1]
+    doc: dict[str, Any] = {"selfcheck": "pyring", "command": [sys.executable, *me, *sys.argv[1:]],
+                           "quick": args.quick, "tree": str(tree()), "steps": {}}
+    path = c.out / "selfcheck.json"
+    for name, step in STEPS.items():
+        print(f"[{name}] ", end="", flush=True)
+        t = time.perf_counter()
+        try:
+            why = no_gpu_reason(c.probe) if name in GPU_STEPS else None
+            rec = {"skipped": why} if why else step(c)
+        except Exception as e:
+            rec = {"error": f"{type(e).__name__}: {e}"[-3000:], "traceback": traceback.format_exc()}
+        if "skipped" not in rec:
+            rec["wall_s"] = round(time.perf_counter() - t, 1)
+            rec["status"] = "failed" if "error" in rec else "ok"
+        doc["steps"][name] = rec
+        doc["machine"] = machine(c.probe)  # after the build: the pyring the steps ran
+        path.write_text(json.dumps(doc, indent=1, default=str))  # a killed run keeps its steps
+        print(summary(rec), flush=True)
+    doc["targets"] = targets(doc["steps"])
+    doc["failed_steps"] = [n for n, r in doc["steps"].items() if r.get("status") == "failed"]
+    doc["plot"] = plot(doc, c.out / "selfcheck.png")
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    for t in doc["targets"]:
+        met = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
+        value = "" if t["value"] is None else f" ({t['value']:.3g})"
+        print(f"target {met}{value}: {t['target']}")
+    print(f"{doc['plot']}\nwrote {path} in {doc['wall_s']:.0f} s; failed steps: "
+          f"{', '.join(doc['failed_steps']) or 'none'}")
+    return 1 if doc["failed_steps"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
