@@ -27,7 +27,8 @@ Writes bench/results/training_<tag>.json.
 --mode scaling (bench/_scaling_mode.py, bench/_speedup_report.py): speedup against the number
 of ranks (weak scaling), every run (compute xN, alone-LIB xN, METHOD xN) in fresh processes,
 rank r on GPU r mod the GPU count where there are GPUs (several ranks share a GPU when --ranks
-exceeds it; ddp-nccl then fails, as NCCL refuses two ranks on one GPU, and is reported). The plan runs --repeats times, interleaved, and each run reports its median
+exceeds it; ddp-nccl then fails, as NCCL refuses two ranks on one GPU, and is reported). The
+plan runs --repeats times, interleaved, and each run reports its median
 repeat (every repeat's step is kept). Default model 4 x 128 (0.88 M parameters), batch 16 x 128.
 Writes bench/results/scaling_<tag>.json (under torchrun: scaling_<tag>_w<N>.json) and a PNG of
 speedup against ranks with the ideal line.
