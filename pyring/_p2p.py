@@ -14,12 +14,20 @@ from typing import Any
 
 import numpy as np
 
+from . import _C
 from ._buffers import bytes_of, check_same_dtype, view_of
 from ._desync import dtype_code
 from .ops import op_code
 from .work import Work
 
 _ANY = -1
+
+
+def _to_device(v: Any, host: np.ndarray) -> None:
+    """Copies a received message from ``host`` into the device buffer of view ``v``, on its
+    stream; returns once the copy is done."""
+    kind, index, stream = v.device
+    _C.device_copy(kind, index, stream, v.ptr, host.ctypes.data, v.nbytes)
 
 
 class PointToPoint:
@@ -59,30 +67,52 @@ class PointToPoint:
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Sends ``tensor`` to rank ``dst``; the Work completes once the bytes have left
         (``tensor`` may then be reused)."""
-        v = bytes_of(tensor, "isend", "tensor")
+        v, host = self._outgoing(tensor, "isend")
         w = self._c.send(v.ptr, v.nbytes, self._peer(dst, "isend", "dst"),
                          self._tag(tag, "isend"), True)
-        return self._launch(tensor, (tensor,), True, w)
+        return self._launch(tensor, (tensor, host), True, w)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Receives into ``tensor`` from rank ``src`` (None: any rank); the Work's ``source``
         is the sender once it completes."""
-        v = bytes_of(tensor, "irecv", "tensor", writable=True)
-        w = self._c.recv(v.ptr, v.nbytes, self._peer(src, "irecv", "src", any_ok=True),
-                         self._tag(tag, "irecv"), True)
-        return self._launch(tensor, (tensor,), True, w)
+        v = bytes_of(tensor, "irecv", "tensor", writable=True, devices=True)
+        peer = self._peer(src, "irecv", "src", any_ok=True)
+        if self._on_device("irecv", [v], ["tensor"]) is None:
+            w = self._c.recv(v.ptr, v.nbytes, peer, self._tag(tag, "irecv"), True)
+            return self._launch(tensor, (tensor,), True, w)
+        host = np.empty(v.nbytes, np.uint8)
+        w = self._c.recv(host.ctypes.data, v.nbytes, peer, self._tag(tag, "irecv"), True)
+        self._keep(w, (tensor, host))
+        return Work(w, tensor, finish=lambda: _to_device(v, host))
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Sends ``tensor`` to rank ``dst``; returns once the bytes have left."""
-        v = bytes_of(tensor, "send", "tensor")
+        v, _host = self._outgoing(tensor, "send")
         self._c.send(v.ptr, v.nbytes, self._peer(dst, "send", "dst"), self._tag(tag, "send"),
                      False)
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receives into ``tensor`` from rank ``src`` (None: any rank); returns the sender."""
-        v = bytes_of(tensor, "recv", "tensor", writable=True)
-        return self._c.recv(v.ptr, v.nbytes, self._peer(src, "recv", "src", any_ok=True),
-                            self._tag(tag, "recv"), False)
+        v = bytes_of(tensor, "recv", "tensor", writable=True, devices=True)
+        peer = self._peer(src, "recv", "src", any_ok=True)
+        if self._on_device("recv", [v], ["tensor"]) is None:
+            return self._c.recv(v.ptr, v.nbytes, peer, self._tag(tag, "recv"), False)
+        host = np.empty(v.nbytes, np.uint8)
+        source = self._c.recv(host.ctypes.data, v.nbytes, peer, self._tag(tag, "recv"), False)
+        _to_device(v, host)
+        return source
+
+    def _outgoing(self, tensor: Any, op: str) -> tuple[Any, Any]:
+        """The view a send travels from, and the host copy it keeps alive: a device buffer's
+        bytes are copied to the host after the work queued on its stream (the host waits for
+        that copy; point-to-point messages travel host memory)."""
+        v = bytes_of(tensor, op, "tensor", devices=True)
+        if self._on_device(op, [v], ["tensor"]) is None:
+            return v, None
+        host = np.empty(v.nbytes, np.uint8)
+        kind, index, stream = v.device
+        _C.device_copy(kind, index, stream, host.ctypes.data, v.ptr, v.nbytes)
+        return v._replace(ptr=host.ctypes.data, device=None), host
 
     def batch_isend_irecv(self, ops: list) -> list[Work]:
         """Posts every op of ``ops`` and returns their Works. An op is ``('isend' | 'irecv',

@@ -59,8 +59,14 @@ TARGETS = (
 
 
 # ----------------------------------------------------------------------------- processes
+_TREE: list[Path] = []  # --tree, when given
+
+
 def tree() -> Path:
-    """The source tree (examples/, bench/, tests/): pyring's parent, else the working dir."""
+    """The source tree (examples/, bench/, tests/): --tree, else pyring's parent when it holds
+    one, else the working dir."""
+    if _TREE:
+        return _TREE[0]
     return PKG_PARENT if (PKG_PARENT / "examples" / "train.py").exists() else Path.cwd()
 
 
@@ -376,6 +382,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-build", action="store_true", help="use the pyring already importable")
     p.add_argument("--budget", type=float, default=840.0,
                    help="seconds for the whole run: a step past it fails as not run")
+    p.add_argument("--tree", type=Path, help="the source tree with examples/ and bench/ "
+                   "(default: pyring's parent when it holds one, else the working dir)")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -385,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(_probe_here()))
         return 0
+    if args.tree is not None:
+        if not (args.tree / "examples" / "train.py").exists():
+            raise SystemExit(f"--tree {args.tree}: no examples/train.py there")
+        _TREE.append(args.tree.resolve())
     c = Check(args)
     c.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -25,14 +25,16 @@ def _positive(x: object) -> bool:
 
 def test_quick_selfcheck(tmp_path):
     # The child imports the pyring this test imported (its parent folder first on the path), as
-    # the tests themselves do; the source tree holds no built core of its own.
+    # the tests themselves do: it runs outside the source tree, whose pyring/ may hold no
+    # built core, and is told where the tree is.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     first = str(Path(pyring.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
     res = subprocess.run(
         [sys.executable, "-m", "pyring.selfcheck", "--quick", "--no-build", "--out",
-         str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+         str(tmp_path), "--tree", str(ROOT)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert (tmp_path / "selfcheck.json").exists(), res.stdout[-3000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "selfcheck.json").read_text())
     steps = doc["steps"]
     assert tuple(steps) == STEPS

@@ -158,7 +158,7 @@ def refusals_body(rank, world, store):
         catch("numpy_and_device", lambda: comm.all_gather_into_tensor(a0, np.zeros(4, "f4")))
         comm.all_reduce(a0)
         catch("other_device", lambda: comm.all_reduce(a1))
-        catch("p2p", lambda: comm.send(a0, (rank + 1) % world))
+        catch("p2p", lambda: comm.send(a1, (rank + 1) % world))
         catch("wire", lambda: comm.all_reduce(a0, wire="fp16"))
         catch("sim_bad_index", lambda: sim.SimArray(8, torch.float32, 99))
 
@@ -182,7 +182,7 @@ def test_refusals_name_both_devices():
     assert "cpu" in out["numpy_and_device"] and "sim:0" in out["numpy_and_device"]
     assert out["other_device"].startswith("ValueError") and "sim:1" in out["other_device"] \
         and "uses sim:0" in out["other_device"], out["other_device"]
-    assert out["p2p"].startswith("ValueError") and "host buffers only" in out["p2p"]
+    assert out["p2p"].startswith("ValueError") and "uses sim:0" in out["p2p"], out["p2p"]
     assert out["wire"].startswith("ValueError"), out["wire"]
     assert out["sim_bad_index"].startswith("ValueError") and "99" in out["sim_bad_index"]
     assert "CudaError" in out["cuda_without_cuda"] or "CUDA" in out["cuda_without_cuda"], \
@@ -225,3 +225,37 @@ def refused_ipc_body(rank, world, store):
 
 def test_sim_ipc_refusal_is_a_cuda_error():
     assert run_ranks(1, refused_ipc_body, env={"PYRING_SIM_IPC": "refuse"}, timeout=60) == [True]
+
+
+def p2p_body(rank, world, store):
+    import pyring
+    from pyring.testing import sim
+
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        peer = 1 - rank
+        for i in range(10):
+            x = sim.SimArray(1000 + i, torch.int32, 0)
+            if rank == 0:
+                x.fill_(i + 1)  # queued before the send: the send must carry it
+                comm.send(x, peer)
+                y = sim.SimArray(7, torch.float64, 0).fill_(-1)
+                w = comm.irecv(y, peer, tag=5)
+                w.wait()
+                if not bool((y.to_host() == 2.5 * i).all()):
+                    bad.append(f"irecv #{i}: {y.to_host()[:3].tolist()}")
+            else:
+                x.fill_(-1)
+                assert comm.recv(x, peer) == peer
+                got = x.to_host()
+                if not bool((got == i + 1).all()):
+                    bad.append(f"recv #{i}: {got[:3].tolist()}")
+                z = sim.SimArray(7, torch.float64, 0).fill_(2.5 * i)
+                comm.isend(z, peer, tag=5).wait()
+    return bad
+
+
+def test_point_to_point_on_device_buffers():
+    results = run_ranks(2, p2p_body, env={"PYRING_SIM_DELAY_US": "300"}, timeout=120)
+    for rank, bad in enumerate(results):
+        assert not bad, f"rank {rank}: {bad}"

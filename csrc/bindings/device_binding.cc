@@ -103,6 +103,18 @@ void register_device(py::module_& m) {
           },
           py::arg("timeout_s") = -1.0,
           "Blocks until the device results are in place; CommTimeout after timeout_s.");
+  m.def(
+      "device_copy",
+      [](int kind, int index, StreamId stream, uintptr_t dst, uintptr_t src, size_t bytes) {
+        DeviceRuntime& rt = device_runtime(device_kind_from_int(kind));
+        py::gil_scoped_release nogil;
+        rt.copy_async(index, ptr(dst), ptr(src), bytes, stream);
+        rt.synchronize(index, stream);
+      },
+      py::arg("kind"), py::arg("index"), py::arg("stream"), py::arg("dst"), py::arg("src"),
+      py::arg("bytes"),
+      "Copies bytes between device and host memory on `stream`, after the work queued on it, "
+      "and returns once the copy is done (the host waits).");
   register_sim(m);
 }
 
