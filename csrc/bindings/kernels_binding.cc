@@ -1,11 +1,49 @@
 // The one-bit kernels, for tests and micro-benchmarks: addresses are raw pointers whose
 // owners (numpy arrays or tensors) the caller keeps alive; the GIL is released.
+#include <pybind11/stl.h>
+
+#include <string>
+
 #include "bindings/bindings.h"
+#include "bindings/device_call.h"
+#include "core/errors.h"
+#include "kernels/dispatch.h"
 #include "kernels/onebit.h"
 
 namespace pyring::bindings {
 
+namespace {
+
+// Runs kernel `name` of kernels/dispatch.h at `device` ((kind, index, stream); None: the
+// host): queued on the stream for a device. b is unused by finish_wide, widen, finish_single
+// and cast; `to` is cast's target dtype.
+void run_kernel(const std::string& name, const py::object& device, int dtype, int op, uintptr_t a,
+                uintptr_t b, uintptr_t out, size_t n, int world, int to) {
+  const DeviceArgs d = device_args(device);
+  const KernelSite site{d.device, d.stream};
+  const DType t = dtype_from_int(dtype);
+  const ReduceOp o = op_from_int(op);
+  const auto* pa = reinterpret_cast<const void*>(a);
+  const auto* pb = reinterpret_cast<const void*>(b);
+  auto* po = reinterpret_cast<void*>(out);
+  py::gil_scoped_release nogil;
+  if (name == "accumulate") return kern::accumulate(site, t, o, pa, pb, po, n);
+  if (name == "finish") return kern::finish(site, t, o, pa, pb, po, n, world);
+  if (name == "finish_wide") return kern::finish_wide(site, t, o, pa, po, n, world);
+  if (name == "widen") return kern::widen(site, t, pa, po, n);
+  if (name == "finish_single") return kern::finish_single(site, t, pa, po, n);
+  if (name == "cast") return kern::cast(site, t, dtype_from_int(to), pa, po, n);
+  PYRING_THROW(InvalidArgument, "unknown kernel '", name,
+               "' (valid: accumulate, finish, finish_wide, widen, finish_single, cast)");
+}
+
+}  // namespace
+
 void register_kernels(py::module_& m) {
+  m.def("run_kernel", &run_kernel, py::arg("name"), py::arg("device"), py::arg("dtype"),
+        py::arg("op"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("n"),
+        py::arg("world") = 1, py::arg("to") = 0,
+        "Runs a kernel of the collectives' kernel interface where `device` says, for tests.");
   m.def("onebit_max_bytes", &onebit_max_bytes, py::arg("n"),
         "The most bytes one segment of n float32 values takes on the one-bit wire.");
   m.def(

@@ -38,6 +38,10 @@ constexpr size_t kTreeSliceBytes = 2 << 20;
 constexpr size_t kTreeMaxSlices = 16;
 size_t tree_slices(size_t bytes, size_t teams);
 
+// Throws InvalidArgument naming the devices unless in and out are host buffers: the links
+// carry host memory, and device buffers are staged by the device queue (core/device_queue.h).
+void check_on_host(const BufferView& in, const BufferView& out, const char* what);
+
 // Runs the algorithm the selector picks for `algo` (kAuto: by size, world and topology).
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                Algo algo, Deadline deadline);

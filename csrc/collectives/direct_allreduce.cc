@@ -12,7 +12,7 @@
 #include "collectives/ring_phases.h"
 #include "core/errors.h"
 #include "core/link.h"
-#include "kernels/reduce.h"
+#include "kernels/dispatch.h"
 
 namespace pyring {
 
@@ -34,7 +34,7 @@ void two_rank_allreduce(Communicator& comm, const BufferView& in, const BufferVi
   auto reduce = [&](const uint8_t* from_peer, size_t off, size_t len) {
     const void* r0 = first ? mine + off : from_peer;
     const void* r1 = first ? from_peer : mine + off;
-    reduce_finish(in.dtype, op, r1, r0, dst + off, len / esize, 2);
+    kern::finish(KernelSite::of(in), in.dtype, op, r1, r0, dst + off, len / esize, 2);
   };
   HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, in.dtype, op, in.count);
   header.post(&peer, &peer, comm.rank());
@@ -92,9 +92,11 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   drive({&left, &right}, deadline, comm.spin_us());
 
   auto rank_slot = [&](int k) { return gathered + static_cast<size_t>(k) * bytes; };
-  widen(dtype, rank_slot(0), acc, in.count);
-  for (int k = 1; k < n - 1; ++k) reduce_accumulate(dtype, op, rank_slot(k), acc, acc, in.count);
-  reduce_finish(dtype, op, rank_slot(n - 1), acc, out.data, in.count, n);
+  const KernelSite site = KernelSite::of(in);
+  kern::widen(site, dtype, rank_slot(0), acc, in.count);
+  for (int k = 1; k < n - 1; ++k)
+    kern::accumulate(site, dtype, op, rank_slot(k), acc, acc, in.count);
+  kern::finish(site, dtype, op, rank_slot(n - 1), acc, out.data, in.count, n);
 }
 
 }  // namespace pyring

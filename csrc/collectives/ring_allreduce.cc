@@ -2,7 +2,7 @@
 // ring_phases.h, so a finished segment travels on as soon as its owner has it.
 #include "collectives/collectives.h"
 #include "collectives/ring_phases.h"
-#include "kernels/reduce.h"
+#include "kernels/dispatch.h"
 
 namespace pyring {
 
@@ -15,7 +15,7 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   // Partial results live in `out` when they have the caller's type, else in float32 scratch.
   auto* out_bytes = static_cast<uint8_t*>(out.data);
   uint8_t* acc = acc_type == dtype ? out_bytes : comm.scratch(in.count * dtype_size(acc_type));
-  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n};
+  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, KernelSite::of(in)};
   ar_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
            Parts::even(0, in.count, static_cast<size_t>(n)), static_cast<const uint8_t*>(in.data),
            dtype, acc, out_bytes, info, deadline);
@@ -24,7 +24,7 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
 bool nothing_to_exchange(const Communicator& comm, const BufferView& in, const BufferView& out) {
   if (out.count == 0) return true;
   if (comm.size() > 1) return false;
-  finish_single(in.dtype, in.data, out.data, out.count);
+  kern::finish_single(KernelSite::of(in), in.dtype, in.data, out.data, out.count);
   return true;
 }
 

@@ -14,6 +14,7 @@
 namespace pyring {
 
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline) {
+  check_on_host(buf, buf, "broadcast");
   if (comm.size() == 1 || buf.bytes() == 0) return;
   note_ring_collective(comm, CollectiveKind::kBroadcast, buf.bytes());
   const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());

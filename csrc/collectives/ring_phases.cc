@@ -10,7 +10,6 @@
 #include "collectives/driver.h"
 #include "core/errors.h"
 #include "core/link.h"
-#include "kernels/reduce.h"
 
 namespace pyring {
 
@@ -72,7 +71,8 @@ size_t part_of(const SubRing& ring, long steps) {
 // pos), element e from the start of the buffer; other parts accumulate into acc and go right.
 template <class OnOwn>
 void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links, const uint8_t* src,
-                         DType src_type, uint8_t* acc, DType dtype, ReduceOp op, OnOwn on_own) {
+                         DType src_type, uint8_t* acc, DType dtype, ReduceOp op,
+                         const KernelSite& site, OnOwn on_own) {
   const int n = ring.size();
   const DType acc_type = accum_dtype(dtype);
   const size_t ssz = dtype_size(src_type), asz = dtype_size(acc_type);
@@ -80,7 +80,7 @@ void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links, co
     const size_t c = part_of(ring, -1);
     const uint8_t* from = src + parts.off[c] * ssz;
     if (src_type != acc_type) {
-      widen(dtype, from, acc + parts.off[c] * asz, parts.len[c]);
+      kern::widen(site, dtype, from, acc + parts.off[c] * asz, parts.len[c]);
       from = acc + parts.off[c] * asz;
     }
     links.right->post_send(from, parts.len[c] * asz);
@@ -101,7 +101,7 @@ void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links, co
       if (last) {
         on_own(e, data, cnt);
       } else {
-        reduce_accumulate(src_type, op, src + e * ssz, data, acc + e * asz, cnt);
+        kern::accumulate(site, src_type, op, src + e * ssz, data, acc + e * asz, cnt);
         right->post_send(acc + e * asz, cnt * asz);
       }
     };
@@ -110,16 +110,17 @@ void post_reduce_scatter(const SubRing& ring, const Parts& parts, Ends links, co
 }
 
 // out[e..] = finished op(src[e..], data) in dtype; src has src_type.
-void finish_piece(DType dtype, DType src_type, ReduceOp op, const uint8_t* src, uint8_t* acc,
-                  const uint8_t* data, uint8_t* out, size_t e, size_t cnt, int world) {
+void finish_piece(const KernelSite& site, DType dtype, DType src_type, ReduceOp op,
+                  const uint8_t* src, uint8_t* acc, const uint8_t* data, uint8_t* out, size_t e,
+                  size_t cnt, int world) {
   const size_t ssz = dtype_size(src_type);
   if (src_type == dtype) {
-    reduce_finish(dtype, op, src + e * ssz, data, out, cnt, world);
+    kern::finish(site, dtype, op, src + e * ssz, data, out, cnt, world);
     return;
   }
   const size_t asz = dtype_size(accum_dtype(dtype));
-  reduce_accumulate(src_type, op, src + e * ssz, data, acc + e * asz, cnt);
-  finish_wide(dtype, op, acc + e * asz, out, cnt, world);
+  kern::accumulate(site, src_type, op, src + e * ssz, data, acc + e * asz, cnt);
+  kern::finish_wide(site, dtype, op, acc + e * asz, out, cnt, world);
 }
 
 void post_allgather(const SubRing& ring, const Parts& parts, Ends links, uint8_t* buf, size_t esz) {
@@ -168,13 +169,15 @@ Posted post_rs(Communicator& comm, const SubRing& ring, const Parts& parts, cons
   const size_t ssz = dtype_size(src_type);
   const ReduceOp op = info.op;
   const int world = info.world;
+  const KernelSite site = info.site;
   post_reduce_scatter(ring, parts, Ends{posted.left, posted.right}, src, src_type, acc, dtype, op,
-                      [=](size_t e, const uint8_t* data, size_t cnt) {
+                      site, [=](size_t e, const uint8_t* data, size_t cnt) {
                         if (finish_out) {
-                          finish_piece(dtype, src_type, op, src, acc, data,
+                          finish_piece(site, dtype, src_type, op, src, acc, data,
                                        finish_out + (e - own_base) * esz, e, cnt, world);
                         } else {
-                          reduce_accumulate(src_type, op, src + e * ssz, data, acc + e * asz, cnt);
+                          kern::accumulate(site, src_type, op, src + e * ssz, data, acc + e * asz,
+                                           cnt);
                         }
                       });
   return posted;
@@ -212,10 +215,11 @@ Posted post_ar(Communicator& comm, const SubRing& ring, const Parts& parts, cons
   const int world = info.world;
   Link* right = posted.right;
   const Ends links{posted.left, posted.right};
-  post_reduce_scatter(ring, parts, links, src, src_type, acc, dtype, op,
+  const KernelSite site = info.site;
+  post_reduce_scatter(ring, parts, links, src, src_type, acc, dtype, op, site,
                       [=](size_t e, const uint8_t* data, size_t cnt) {
-                        finish_piece(dtype, src_type, op, src, acc, data, out + e * esz, e, cnt,
-                                     world);
+                        finish_piece(site, dtype, src_type, op, src, acc, data, out + e * esz, e,
+                                     cnt, world);
                         right->post_send(out + e * esz, cnt * esz);
                       });
   post_allgather(ring, parts, links, out, esz);

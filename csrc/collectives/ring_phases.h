@@ -15,6 +15,7 @@
 #include "collectives/header.h"
 #include "core/communicator.h"
 #include "core/types.h"
+#include "kernels/dispatch.h"
 
 namespace pyring {
 
@@ -48,7 +49,8 @@ struct PhaseInfo {
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;  // the collective's element count, for mismatch messages
   int root = -1;
-  int world = 1;  // the divisor of avg
+  int world = 1;    // the divisor of avg
+  KernelSite site;  // where the phase's buffers live: the host (see kernels/dispatch.h)
 };
 
 // A phase whose header, receives and first sends are posted. Keep it alive until its links

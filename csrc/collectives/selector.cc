@@ -193,8 +193,15 @@ Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes
   return algo;
 }
 
+void check_on_host(const BufferView& in, const BufferView& out, const char* what) {
+  PYRING_CHECK_ARG(in.device.is_cpu() && out.device.is_cpu(), what, " runs on host buffers (",
+                   in.device.str(), ", ", out.device.str(),
+                   " given): device buffers go through the device queue's staging");
+}
+
 void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline) {
+  check_on_host(in, out, "reduce_scatter");
   if (comm.size() == 1 || out.count == 0) return ring_reduce_scatter(comm, in, out, op, deadline);
   if (select_gather_scatter(comm, CollectiveKind::kReduceScatter, in.bytes()) == Algo::kTree) {
     return tree_reduce_scatter(comm, in, out, op, deadline);
@@ -203,6 +210,7 @@ void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& 
 }
 
 void allgather(Communicator& comm, const BufferView& in, const BufferView& out, Deadline deadline) {
+  check_on_host(in, out, "allgather");
   if (comm.size() == 1 || in.count == 0) return ring_allgather(comm, in, out, deadline);
   if (select_gather_scatter(comm, CollectiveKind::kAllGather, out.bytes()) == Algo::kTree) {
     return tree_allgather(comm, in, out, deadline);
@@ -223,6 +231,7 @@ void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes)
 
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                Algo algo, Deadline deadline) {
+  check_on_host(in, out, "allreduce");
   switch (select_allreduce(comm, in.bytes(), algo)) {
     case Algo::kRing:
       return ring_allreduce(comm, in, out, op, deadline);

@@ -18,7 +18,7 @@
 #include "collectives/ring_phases.h"
 #include "core/errors.h"
 #include "core/link.h"
-#include "kernels/reduce.h"
+#include "kernels/dispatch.h"
 
 namespace pyring {
 
@@ -40,11 +40,7 @@ void fold_into(Communicator& comm, const BufferView& in, uint8_t* acc, const Pha
                Deadline deadline) {
   const DType dtype = info.dtype;
   const size_t esz = dtype_size(dtype), asz = dtype_size(accum_dtype(dtype));
-  if (accum_dtype(dtype) != dtype) {
-    widen(dtype, in.data, acc, in.count);
-  } else if (acc != in.data) {
-    std::memcpy(acc, in.data, in.bytes());
-  }
+  kern::widen(info.site, dtype, in.data, acc, in.count);
   for (int peer : comm.tree_plan().folded) {
     Link& link = comm.link(peer);
     HeaderExchange header(comm.seq(), info.kind, dtype, info.op, info.count);
@@ -52,11 +48,12 @@ void fold_into(Communicator& comm, const BufferView& in, uint8_t* acc, const Pha
     RecvSpec spec;
     spec.bytes = in.bytes();
     const ReduceOp op = info.op;
+    const KernelSite site = info.site;
     spec.on_piece = [=](const uint8_t* data, size_t off, size_t len) {
       PYRING_CHECK(off % esz == 0 && len % esz == 0, CommError, "piece of ", len,
                    " bytes from rank ", peer, " is not a whole number of elements");
       uint8_t* a = acc + off / esz * asz;
-      reduce_accumulate(dtype, op, data, a, a, len / esz);
+      kern::accumulate(site, dtype, op, data, a, a, len / esz);
     };
     link.post_recv(std::move(spec));
     drive({&link}, deadline, comm.spin_us());
@@ -112,7 +109,7 @@ void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const DType dtype = in.dtype;
   if (nothing_to_exchange(comm, in, out)) return;
   const TreePlan& plan = comm.tree_plan();
-  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n};
+  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, KernelSite::of(in)};
   if (!plan.active) {
     fold_out_of(comm, in, out, info, deadline);
     return;
@@ -130,7 +127,7 @@ void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const size_t levels = plan.teams.size();
   if (levels == 0) {
     // Every rank folded into this one: src is the accumulated sum, in the accumulation type.
-    finish_wide(dtype, op, src, out_bytes, in.count, n);
+    kern::finish_wide(info.site, dtype, op, src, out_bytes, in.count, n);
   } else {
     run_slices(comm, plan, src, src_type, acc, out_bytes, in.count, info, deadline);
   }

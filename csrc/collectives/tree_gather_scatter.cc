@@ -11,7 +11,6 @@
 #include "collectives/collectives.h"
 #include "collectives/ring_phases.h"
 #include "core/errors.h"
-#include "kernels/reduce.h"
 
 namespace pyring {
 
@@ -40,7 +39,8 @@ void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   for (size_t i = 0; i < order.size(); ++i) {
     std::memcpy(perm + i * block, in.at(static_cast<size_t>(order[i]) * m), block);
   }
-  const PhaseInfo info{CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n};
+  const PhaseInfo info{
+      CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n, KernelSite::of(in)};
   const std::vector<Parts> parts = Parts::per_team(plan, 0, in.count);
   const uint8_t* src = perm;
   DType src_type = dtype;

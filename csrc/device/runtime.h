@@ -59,6 +59,8 @@ class DeviceRuntime {
                                  void* acc, size_t n, StreamId s) = 0;
   virtual void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                              void* out, size_t n, int world, StreamId s) = 0;
+  virtual void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out,
+                           size_t n, int world, StreamId s) = 0;
   virtual void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
                     StreamId s) = 0;
   // Encodes without mask caches; synchronizes s to return the bytes written and the header.

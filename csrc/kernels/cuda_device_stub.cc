@@ -31,6 +31,9 @@ void cuda_reduce_accumulate(DType, ReduceOp, const void*, const void*, void*, si
 void cuda_reduce_finish(DType, ReduceOp, const void*, const void*, void*, size_t, int, void*) {
   no_cuda("cuda_reduce_finish");
 }
+void cuda_finish_wide(DType, ReduceOp, const void*, void*, size_t, int, void*) {
+  no_cuda("cuda_finish_wide");
+}
 void cuda_cast(DType, DType, const void*, void*, size_t, void*) {
   no_cuda("cuda_cast");
 }

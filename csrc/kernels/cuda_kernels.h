@@ -23,6 +23,10 @@ void cuda_reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void*
 void cuda_reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
                         int world, void* stream);
 
+// out[i] = narrow(finish(acc[i])) (as finish_wide): avg divides by world.
+void cuda_finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size_t n, int world,
+                      void* stream);
+
 // out[i] = in[i] converted between float32 and float16/bfloat16 (the wire formats' casts),
 // rounding to nearest even. Other pairs throw InvalidArgument.
 void cuda_cast(DType from, DType to, const void* in, void* out, size_t n, void* stream);

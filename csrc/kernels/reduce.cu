@@ -80,6 +80,27 @@ struct Finish {
   __device__ void one(size_t i) const { out[i] = finish_one<T, Op, kAvg>(a[i], b[i], div); }
 };
 
+template <class T, bool kAvg>
+struct FinishWide {
+  using Acc = typename Elem<T>::Acc;
+  static constexpr int N = lanes<T>();
+  const Acc* acc;
+  T* out;
+  Acc div;
+  __device__ T convert(Acc v) const {
+    if (kAvg) v = static_cast<Acc>(v / div);
+    return Elem<T>::narrow(v);
+  }
+  __device__ void vec(size_t v) const {
+    const Vec<Acc, N> x = reinterpret_cast<const Vec<Acc, N>*>(acc)[v];
+    Vec<T, N> r;
+#pragma unroll
+    for (int k = 0; k < N; ++k) r.v[k] = convert(x.v[k]);
+    reinterpret_cast<Vec<T, N>*>(out)[v] = r;
+  }
+  __device__ void one(size_t i) const { out[i] = convert(acc[i]); }
+};
+
 template <class From, class To>
 struct Cast {
   static constexpr int N = lanes<From>() < lanes<To>() ? lanes<From>() : lanes<To>();
@@ -171,6 +192,27 @@ void cuda_reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void*
 void cuda_reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
                         int world, void* stream) {
   PYRING_DISPATCH(dtype, finish_op, op, a, b, out, n, world, stream);
+}
+
+namespace {
+template <class T>
+void finish_wide_typed(ReduceOp op, const void* acc, void* out, size_t n, int world, void* stream) {
+  using Acc = typename Elem<T>::Acc;
+  const bool vectors = aligned16(acc) && aligned16(out);
+  if (op == ReduceOp::kAvg) {
+    const FinishWide<T, true> f{static_cast<const Acc*>(acc), static_cast<T*>(out),
+                                static_cast<Acc>(world)};
+    return launch(f, n, vectors, stream);
+  }
+  const FinishWide<T, false> f{static_cast<const Acc*>(acc), static_cast<T*>(out),
+                               static_cast<Acc>(world)};
+  launch(f, n, vectors, stream);
+}
+}  // namespace
+
+void cuda_finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size_t n, int world,
+                      void* stream) {
+  PYRING_DISPATCH(dtype, finish_wide_typed, op, acc, out, n, world, stream);
 }
 
 void cuda_cast(DType from, DType to, const void* in, void* out, size_t n, void* stream) {

@@ -234,6 +234,12 @@ class CudaRuntime final : public DeviceRuntime {
     cuda_reduce_finish(dtype, op, a, b, out, n, world, to_ptr(s));
   }
 
+  void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
+                   int world, StreamId s) override {
+    use_device(index);
+    cuda_finish_wide(dtype, op, acc, out, n, world, to_ptr(s));
+  }
+
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
     use_device(index);

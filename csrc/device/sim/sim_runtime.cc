@@ -109,6 +109,10 @@ class Sim final : public SimRuntime {
                      size_t n, int world, StreamId s) override {
     stream(index, s).enqueue([=] { pyring::reduce_finish(dtype, op, a, b, out, n, world); });
   }
+  void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
+                   int world, StreamId s) override {
+    stream(index, s).enqueue([=] { pyring::finish_wide(dtype, op, acc, out, n, world); });
+  }
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
     stream(index, s).enqueue([=] { wire_cast(from, to, in, out, n); });

@@ -1,0 +1,56 @@
+#include "kernels/dispatch.h"
+
+#include <cstring>
+
+#include "device/runtime.h"
+#include "kernels/reduce.h"
+#include "kernels/wire_cast.h"
+
+namespace pyring::kern {
+
+namespace {
+DeviceRuntime& rt(const KernelSite& site) {
+  return device_runtime(site.device.kind);
+}
+}  // namespace
+
+void accumulate(const KernelSite& site, DType dtype, ReduceOp op, const void* a, const void* b,
+                void* acc, size_t n) {
+  if (site.on_host()) return reduce_accumulate(dtype, op, a, b, acc, n);
+  rt(site).reduce_accumulate(site.device.index, dtype, op, a, b, acc, n, site.stream);
+}
+
+void finish(const KernelSite& site, DType dtype, ReduceOp op, const void* a, const void* b,
+            void* out, size_t n, int world) {
+  if (site.on_host()) return reduce_finish(dtype, op, a, b, out, n, world);
+  rt(site).reduce_finish(site.device.index, dtype, op, a, b, out, n, world, site.stream);
+}
+
+void finish_wide(const KernelSite& site, DType dtype, ReduceOp op, const void* acc, void* out,
+                 size_t n, int world) {
+  if (site.on_host()) return pyring::finish_wide(dtype, op, acc, out, n, world);
+  rt(site).finish_wide(site.device.index, dtype, op, acc, out, n, world, site.stream);
+}
+
+void widen(const KernelSite& site, DType dtype, const void* a, void* acc, size_t n) {
+  if (accum_dtype(dtype) == dtype) {  // the same type: a copy
+    if (a == acc) return;
+    if (site.on_host()) return static_cast<void>(std::memcpy(acc, a, n * dtype_size(dtype)));
+    return rt(site).copy_async(site.device.index, acc, a, n * dtype_size(dtype), site.stream);
+  }
+  if (site.on_host()) return pyring::widen(dtype, a, acc, n);
+  rt(site).cast(site.device.index, dtype, accum_dtype(dtype), a, acc, n, site.stream);
+}
+
+void finish_single(const KernelSite& site, DType dtype, const void* a, void* out, size_t n) {
+  if (site.on_host()) return pyring::finish_single(dtype, a, out, n);
+  // Avg over one rank divides by one: a copy for every op.
+  if (a != out) rt(site).copy_async(site.device.index, out, a, n * dtype_size(dtype), site.stream);
+}
+
+void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n) {
+  if (site.on_host()) return wire_cast(from, to, in, out, n);
+  rt(site).cast(site.device.index, from, to, in, out, n, site.stream);
+}
+
+}  // namespace pyring::kern

@@ -1,0 +1,45 @@
+// The one kernel interface of the collectives: each function runs its kernel where `site`
+// says, on the host at once, or queued on a device stream through the device runtime
+// (device/runtime.h: the CUDA kernels, or the sim device's host kernels on its stream thread).
+// Arguments and element arithmetic as in kernels/reduce.h and kernels/wire_cast.h; no
+// collective calls those directly.
+//
+// A device site's kernels are queued, not run: their inputs must stay valid until the stream
+// reaches them. The collectives run on host buffers today (device buffers are staged by the
+// device queue, core/device_queue.h), so their sites are the host.
+#pragma once
+
+#include <cstddef>
+
+#include "core/types.h"
+
+namespace pyring {
+
+struct KernelSite {
+  Device device;
+  StreamId stream = 0;
+
+  static KernelSite of(const BufferView& v) { return KernelSite{v.device, v.stream}; }
+  bool on_host() const { return device.is_cpu(); }
+};
+
+namespace kern {
+
+// acc[i] = op(widen(a[i]), b[i])
+void accumulate(const KernelSite& site, DType dtype, ReduceOp op, const void* a, const void* b,
+                void* acc, size_t n);
+// out[i] = narrow(finish(op(widen(a[i]), b[i])))
+void finish(const KernelSite& site, DType dtype, ReduceOp op, const void* a, const void* b,
+            void* out, size_t n, int world);
+// out[i] = narrow(finish(acc[i]))
+void finish_wide(const KernelSite& site, DType dtype, ReduceOp op, const void* acc, void* out,
+                 size_t n, int world);
+// acc[i] = widen(a[i])
+void widen(const KernelSite& site, DType dtype, const void* a, void* acc, size_t n);
+// out[i] = finish(a[i]) for a world of one rank
+void finish_single(const KernelSite& site, DType dtype, const void* a, void* out, size_t n);
+// out[i] = in[i] converted between float32 and float16/bfloat16
+void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n);
+
+}  // namespace kern
+}  // namespace pyring
