@@ -25,11 +25,13 @@ void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const c
     if (flag->load(std::memory_order_acquire) >= value) return;
     cpu_relax();
   }
-  auto step = std::chrono::microseconds(20);
+  // Short sleeps: a staged chunk's copy takes about 100 us on a GPU, and each step it is
+  // overslept delays the chunk's exchange.
+  auto step = std::chrono::microseconds(10);
   while (flag->load(std::memory_order_acquire) < value) {
     PYRING_CHECK(!deadline.expired(), TimeoutError, "timed out waiting for ", what);
     std::this_thread::sleep_for(step);
-    if (step < std::chrono::microseconds(1000)) step *= 2;
+    if (step < std::chrono::microseconds(80)) step *= 2;
   }
 }
 
