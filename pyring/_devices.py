@@ -32,6 +32,21 @@ def device_name(device: tuple | None) -> str:
     return f"{KIND_NAMES[device[0]]}:{device[1]}"
 
 
+def device_name_of(device: Any) -> str | None:
+    """init(device=...) as a name: 'cuda:1', 'sim:0', or None (bound at the first call on
+    device buffers). Takes a torch.device or a 'KIND:INDEX' string; ValueError otherwise."""
+    if device is None:
+        return None
+    kind, index = getattr(device, "type", None), getattr(device, "index", None)
+    if kind is None and isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        index = int(idx) if idx.isdigit() else None
+    if kind not in KIND_NAMES[1:] or not isinstance(index, int):
+        raise ValueError(f"init: device={device!r} is not valid (valid: 'cuda:N', a "
+                         f"torch.device with an index, or None)")
+    return f"{kind}:{index}"
+
+
 def is_device_object(obj: Any) -> bool:
     """An object the device edge takes (not a torch tensor: those say so by their device)."""
     return (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__sim_array_interface__")

@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 from . import _C, pci, rendezvous, topology
+from ._devices import device_name_of
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
 from .errors import Error
@@ -31,7 +32,7 @@ def _setup_logging(level: str) -> None:
 def init(rank: int | None = None, world_size: int | None = None, store: Any = None,
          timeout: Any = None, *, segment_bytes: Any = None, transport: str | None = None,
          algo: str | None = None, topology: Any = None, link_model: Any = None,
-         set_default: bool = True) -> Communicator:
+         set_default: bool = True, device: Any = None) -> Communicator:
     """Meets the other ranks and returns a connected Communicator.
 
     With no arguments it uses the default torch.distributed process group's store when one
@@ -45,7 +46,9 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
     rendezvous, GPUs by their PCIe tree), 'flat', or explicit: '0,1;2,3|4,5;6,7' or nested
     lists (default PYRING_TOPOLOGY); every rank must pass the same. ``link_model`` overrides
     the selector's alpha-beta figures: {'tcp': (alpha_us, GB/s)} or 'tcp=25/2.9' (default
-    PYRING_LINK_MODEL). The first communicator becomes the default one.
+    PYRING_LINK_MODEL). ``device`` ('cuda:1', a torch.device, or None: the device of the first
+    call on device buffers) is the device this rank's device buffers must be on. The first
+    communicator becomes the default one.
     """
     global _default
     cfg = resolve(timeout, segment_bytes, transport, algo, topology, link_model)
@@ -56,7 +59,9 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
         raise ValueError(f"init: world_size must be a positive int, got {world!r}")
     if not (isinstance(rank, int) and 0 <= rank < world):
         raise ValueError(f"init: rank {rank!r} is out of range for world_size {world}")
+    bound = device_name_of(device)
     comm = _connect(meeting, cfg)
+    comm.device = bound
     _live.add(comm)
     if set_default and _default is None:
         _default = comm

@@ -174,6 +174,28 @@ def refusals_body(rank, world, store):
     return out
 
 
+def bound_body(rank, world, store):
+    import pyring
+    from pyring.testing import sim
+
+    with pyring.init(rank, world, store, set_default=False, device="sim:1") as comm:
+        assert comm.device == "sim:1"
+        try:
+            comm.all_reduce(sim.SimArray(4, torch.float32, 0))
+            return "no error"
+        except ValueError as e:
+            return str(e)
+
+
+def test_init_binds_the_rank_to_its_device():
+    for msg in run_ranks(2, bound_body, timeout=60):
+        assert "sim:0" in msg and "uses sim:1" in msg, msg
+    with pytest.raises(ValueError, match="device='gpu0' is not valid"):
+        from pyring._devices import device_name_of
+
+        device_name_of("gpu0")
+
+
 def test_refusals_name_both_devices():
     out = run_ranks(2, refusals_body, timeout=120)[0]
     assert out["mixed"].startswith("ValueError") and "sim:0" in out["mixed"] \
