@@ -21,7 +21,17 @@ Links make_links(const LinkSetup& setup, const std::vector<Endpoint>& endpoints,
     by_transport[static_cast<size_t>(t)].push_back(&endpoints[static_cast<size_t>(p)]);
   }
   for (size_t t = 0; t < transports().size(); ++t) {
-    transports()[t]->connect(setup, by_transport[t], endpoints, out, deadline);
+    const Transport& tr = *transports()[t];
+    tr.connect(setup, by_transport[t], endpoints, out, deadline);
+    // A waiting thread blocks on a link as its transport declares (transport/wait.h).
+    for (const Endpoint* p : by_transport[t]) {
+      Link* link = out.by_rank[static_cast<size_t>(p->rank)].get();
+      PYRING_CHECK(link != nullptr, CommError, tr.name(), " made no link to rank ", p->rank);
+      const bool ok = tr.wait_kind() == WaitKind::kPollFd ? link->poll_fd() >= 0
+                                                          : link->sleep_word() != nullptr;
+      PYRING_CHECK(ok, CommError, "the ", tr.name(), " link to rank ", p->rank,
+                   " does not block the way its transport declares");
+    }
   }
   if (setup.own_segment) out.segments.push_back(setup.own_segment);
   return out;
