@@ -10,7 +10,7 @@ while chunk k travels. In one run, interleaved by round, 2 ranks time:
 and report device / (host + copies): below 1 means the copies overlap the exchange. The sim
 device's copies are memcpy on a stream thread, so this measures the schedule, not a GPU.
 
-    PYTHONPATH=. python bench/staging.py --bytes 64M --rounds 7 --tag vm
+    python bench/staging.py --bytes 64M --rounds 7 --tag vm
 
 Writes bench/results/staging_<tag>.json with the machine's description.
 """

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Training step time and speedup of every gradient-sync method, in two modes.
 
-    PYTHONPATH=. python bench/training.py                        # --mode step, ~7 min on 2 cores
-    PYTHONPATH=. python bench/training.py --rounds 1 --blocks 1 --block 1 --dim 128 --layers 2
-    PYTHONPATH=. python bench/training.py --mode scaling         # 1 and 2 CPU ranks here, < 5 min
-    PYTHONPATH=. python bench/training.py --mode scaling --ranks 1,2,4,8   # one rank per GPU
-    PYTHONPATH=. torchrun --nnodes 4 --nproc-per-node 8 ... bench/training.py --mode scaling --tag c
+    python bench/training.py                        # --mode step, ~7 min on 2 cores
+    python bench/training.py --rounds 1 --blocks 1 --block 1 --dim 128 --layers 2
+    python bench/training.py --mode scaling         # 1 and 2 CPU ranks here, < 5 min
+    python bench/training.py --mode scaling --ranks 1,2,4,8   # one rank per GPU
+    torchrun --nnodes 4 --nproc-per-node 8 ... bench/training.py --mode scaling --tag c
     python bench/training.py --mode scaling --merge bench/results/scaling_c1.json \\
         bench/results/scaling_c_w32.json --tag c
 

@@ -2,11 +2,11 @@
 """Train a small character-level transformer on the Python standard library's own source,
 on N local ranks whose gradients are averaged by pyring. Needs no download.
 
-    PYTHONPATH=. python examples/train.py                      # 1 rank per GPU, else 2 CPU ranks
-    PYTHONPATH=. python examples/train.py --ranks-per-gpu 2    # 2 ranks sharing each GPU
-    PYTHONPATH=. python examples/train.py --device cpu         # 2 CPU ranks even with GPUs
-    PYTHONPATH=. python examples/train.py --sync ddp-gloo      # the same run on DDP + gloo
-    PYTHONPATH=. torchrun --nproc-per-node 2 examples/train.py
+    python examples/train.py                      # 1 rank per GPU, else 2 CPU ranks
+    python examples/train.py --ranks-per-gpu 2    # 2 ranks sharing each GPU
+    python examples/train.py --device cpu         # 2 CPU ranks even with GPUs
+    python examples/train.py --sync ddp-gloo      # the same run on DDP + gloo
+    torchrun --nproc-per-node 2 examples/train.py
 
 --sync pyring: pyring.DistributedOptimizer(AdamW) averages gradient buckets while backward
 runs, and opt.synchronize() waits for the rest; ddp-pyring: DistributedDataParallel on the

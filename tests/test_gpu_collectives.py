@@ -111,7 +111,7 @@ def training_body(rank, world, store, device):
         p.data.copy_(torch.randn(p.shape))
     dopt = pyring.DistributedOptimizer(torch.optim.SGD(net2.parameters(), lr=0.1),
                                        net2.named_parameters(), comm=comm)
-    ob = pyring.OneBitAdam(net2.parameters(), lr=1e-3, freeze_step=2, comm=comm)
+    ob = pyring.optim.OneBitAdam(net2.parameters(), lr=1e-3, freeze_step=2, comm=comm)
     for step in range(4):
         x = torch.randn(8, 16, generator=g).to(device)
         loss = net2(x).square().mean()
