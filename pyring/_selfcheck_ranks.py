@@ -6,7 +6,6 @@ host copies. Each function returns plain data (JSON-ready); figures are in secon
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -21,46 +20,14 @@ ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, 
 
 
 def launch(world: int, fn: Callable, *args: Any, timeout: float, tests: Path) -> list[Any]:
-    """fn(rank, world, store, *args) on `world` spawned ranks; their results in rank order.
-    Through tests/multiproc.py's run_ranks (from the folder `tests`) where it imports, else
-    torch.multiprocessing with a TCPStore. Raises when a rank fails or outlives `timeout`."""
+    """fn(rank, world, store, *args) on `world` spawned ranks, their results in rank order,
+    through the project's one launcher (tests/multiproc.py's run_ranks, from the source tree's
+    folder `tests`). Raises when a rank fails or outlives `timeout`."""
     if str(tests) not in sys.path:
         sys.path.insert(0, str(tests))
-    try:
-        from multiproc import run_ranks
-    except ImportError:
-        return _spawn_ranks(world, fn, args, timeout)
+    from multiproc import run_ranks
+
     return run_ranks(world, fn, *args, timeout=timeout, hard_exit=True)
-
-
-def _spawn_ranks(world: int, fn: Callable, args: tuple, timeout: float) -> list[Any]:
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    ctx = mp.start_processes(_spawned, args=(world, store.port, fn, args, timeout), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=0.5):  # raises when a rank failed
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks still running after {timeout:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return [json.loads(store.get(f"result/{r}")) for r in range(world)]
-
-
-def _spawned(rank: int, world: int, port: int, fn: Callable, args: tuple, timeout: float) -> None:
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    result = fn(rank, world, dist.PrefixStore("job", store), *args)
-    store.set(f"result/{rank}", json.dumps(result))
 
 
 # ----------------------------------------------------------------------------- kernels

@@ -221,7 +221,7 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
     else:
         _flat_all_reduce(comm, x, op, wire, state)
     if x.data_ptr() != tensor.data_ptr():
-        tensor.copy_(x.view(tensor.shape), non_blocking=False)
+        tensor.copy_(x.view(tensor.shape))
     return tensor
 
 

@@ -16,7 +16,8 @@ Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
   cpu_scaling  bench/training.py --mode scaling on the CPU (GPUs hidden), pyring beside DDP+gloo
 A step that needs a GPU records {"skipped": why} where none is usable; a step that fails
 records its error and the next one runs. The exit status is 1 when a step that ran failed.
-Targets (recorded under "targets" as met or not, never asserted) are in TARGETS.
+Targets (recorded under "targets" as met or not, never asserted) are in
+pyring/_selfcheck_report.py's TARGETS, with the report's other pieces.
 --quick shrinks the CPU parts (1 and 2 ranks, few steps, a small model) for CI.
 
 Every step runs in fresh processes (the GPU benchmarks in the spawned ranks of
@@ -28,10 +29,9 @@ with no core built yet.
 from __future__ import annotations
 
 import argparse
-import datetime
+import importlib.util
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -44,18 +44,18 @@ if __name__ == "__main__" and not __package__:  # run as a file: import pyring f
     sys.path[0] = str(Path(__file__).absolute().parent.parent)
 
 PKG_PARENT = Path(__file__).absolute().parent.parent  # what the children import pyring from
-# (step, the key of the step's "values", comparison, goal, what it says)
-TARGETS = (
-    ("kernels", "reduce_vs_copy", ">=", 0.9,
-     "cuda_reduce_accumulate GB/s >= 90% of dst.copy_(src) GB/s (256 MiB float32)"),
-    ("kernels", "onebit_vs_copy", ">=", 0.8, "cuda_onebit_encode GB/s >= 80% of the copy's"),
-    ("allreduce", "gloo_over_pyring_w2", ">=", 10.0,
-     "2 ranks on one GPU, 64 MiB: gloo's time / pyring's >= 10"),
-    ("allreduce", "pyring_over_copies_w2", "<=", 1.5,
-     "2 ranks on one GPU, 64 MiB: pyring's time / (pinned D2H + H2D of 64 MiB) <= 1.5"),
-    ("main_job", "loss_rel_diff", "<=", 0.02,
-     "|GPU - CPU| / CPU final validation loss of examples/train.py <= 2%"),
-)
+
+
+def _sibling(name: str) -> Any:
+    """A module of this folder that imports no pyring, loaded by path: it works before
+    pyring._C is built."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _sibling("_selfcheck_report")
 
 
 # ----------------------------------------------------------------------------- processes
@@ -263,117 +263,6 @@ STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
 GPU_STEPS = ("gpu_tests", "kernels", "allreduce")  # skipped whole where no GPU is usable
 
 
-# ----------------------------------------------------------------------------- report
-def machine(p: dict[str, Any]) -> dict[str, Any]:
-    """The machine, the versions and the source revision; None where unknown."""
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = (re.findall(r"^model name\s*:\s*(.+)$", cpuinfo, re.M) or [None])[0]
-
-    def git(*a: str) -> str | None:
-        try:
-            res = subprocess.run(["git", *a], cwd=tree(), capture_output=True, text=True,
-                                 timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return res.stdout.strip() if res.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"cpu_model": model or platform.processor() or None, "cores": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else None, "hostname": platform.node(), "python": platform.python_version(),
-            "gpus": p.get("gpus"), "torch": p.get("torch"), "torch_cuda": p.get("torch_cuda"),
-            "pyring": p.get("pyring"), "pyring_C": p.get("pyring_C"),
-            "pyring_built_with_cuda": p.get("built_with_cuda"), "git_sha": git("rev-parse", "HEAD"),
-            "git_modified": bool(status) if status is not None else None,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def targets(steps: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target with its value and whether it is met (None: not measured)."""
-    out = []
-    for step, key, cmp, goal, text in TARGETS:
-        value = (steps.get(step, {}).get("values") or {}).get(key)
-        met = None if value is None else (value >= goal if cmp == ">=" else value <= goal)
-        out.append({"step": step, "target": text, "key": key, "goal": f"{cmp} {goal:g}",
-                    "value": value, "met": met})
-    return out
-
-
-def plot(doc: dict[str, Any], path: Path) -> str:
-    """One panel per benchmark step; returns the PNG's path or why there is none."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        return f"no PNG: matplotlib is not importable ({e})"
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, name in zip(axes.flat, ("kernels", "allreduce", "main_job", "cpu_scaling")):
-        rec = doc["steps"].get(name, {})
-        title, bars = _panel(name, rec)
-        ax.set_title(title, fontsize=9)
-        if bars:
-            ax.bar(list(bars), list(bars.values()), log=name == "allreduce")
-            ax.tick_params(axis="x", labelsize=7, rotation=20)
-        elif rec.get("summary"):
-            for method in dict.fromkeys(r["method"] for r in rec["summary"]):
-                pts = sorted((r["ranks"], r["speedup"]) for r in rec["summary"] if r.get(
-                    "speedup") and (r["method"] == method or r["ranks"] == 1))  # from 1 rank
-                ax.plot(*zip(*pts), "o-", label=method)
-            worlds = sorted({r["ranks"] for r in rec["summary"]})
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(worlds, [str(w) for w in worlds])
-            ax.set_xlabel("ranks")
-            ax.legend(fontsize=7)
-        else:
-            why = f"skipped: {rec['skipped']}" if "skipped" in rec else rec.get("error", "")
-            ax.text(0.5, 0.5, why[:200] or "no figures", ha="center", va="center", wrap=True,
-                    fontsize=8, transform=ax.transAxes)
-            ax.set_axis_off()
-        ax.grid(alpha=0.3)
-    gpus = ", ".join(g["name"] for g in doc["machine"].get("gpus") or []) or "no GPU"
-    fig.suptitle(f"pyring self-check: {doc['machine']['cpu_model']}; {gpus}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
-
-
-def _panel(name: str, rec: dict[str, Any]) -> tuple[str, dict[str, float]]:
-    """A panel's title and its bars (label: height; none for the scaling curves)."""
-    if name == "kernels":
-        return "256 MiB float32: GB/s, bytes read + written", {
-            k: rec[k]["GBps"] for k in ("copy", "reduce_accumulate", "onebit_encode") if k in rec}
-    if name == "allreduce":
-        return "64 MiB float32 on GPU 0: ms per call (slowest rank)", {
-            k: v["time_s"] * 1e3 for k, v in rec.get("runs", {}).items() if "time_s" in v}
-    if name == "main_job":
-        return "examples/train.py: final validation loss", {
-            k: rec[k]["val_loss"] for k in ("cpu", "gpu") if "val_loss" in (rec.get(k) or {})}
-    return "CPU scaling: speedup in samples/s over 1 rank", {}
-
-
-def summary(rec: dict[str, Any]) -> str:
-    """A step's console line: its outcome and its headline figures."""
-    if "skipped" in rec:
-        return f"skipped: {rec['skipped']}"
-    figures = dict(rec.get("counts") or {})
-    figures |= {f"{k} GB/s": rec[k]["GBps"] for k in ("copy", "reduce_accumulate",
-                                                       "onebit_encode") if k in rec}
-    figures |= {f"{k} ms": v["time_s"] * 1e3 for k, v in (rec.get("runs") or {}).items()
-                if "time_s" in v}
-    figures |= {f"{k} val loss": rec[k]["val_loss"] for k in ("cpu", "gpu")
-                if isinstance(rec.get(k), dict) and "val_loss" in rec[k]}
-    figures |= {f"{r['method']} x{r['ranks']} speedup": r["speedup"]
-                for r in rec.get("summary") or [] if r["ranks"] > 1}
-    figures |= rec.get("values") or {}
-    text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in figures.items())
-    head = f"FAILED: {rec['error'][:500]}" if "error" in rec else "ok"
-    return f"{head} ({rec['wall_s']:.0f} s){'; ' + text if text else ''}"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pyring.selfcheck",
                                 description=__doc__.split("\n\n")[0])
@@ -417,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             rec["wall_s"] = round(time.perf_counter() - t, 1)
             rec["status"] = "failed" if "error" in rec else "ok"
         doc["steps"][name] = rec
-        doc["machine"] = machine(c.probe)  # after the build: the pyring the steps ran
+        # After the build: the pyring the steps ran.
+        doc["machine"] = report.machine(c.probe, tree())
         path.write_text(json.dumps(doc, indent=1, default=str))  # a killed run keeps its steps
-        print(summary(rec), flush=True)
-    doc["targets"] = targets(doc["steps"])
+        print(report.summary(rec), flush=True)
+    doc["targets"] = report.targets(doc["steps"])
     doc["failed_steps"] = [n for n, r in doc["steps"].items() if r.get("status") == "failed"]
-    doc["plot"] = plot(doc, c.out / "selfcheck.png")
+    doc["plot"] = report.plot(doc, c.out / "selfcheck.png")
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     path.write_text(json.dumps(doc, indent=1, default=str))
     for t in doc["targets"]:

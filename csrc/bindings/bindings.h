@@ -5,9 +5,14 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/communicator.h"
+#include "transport/registry.h"
 
 namespace pyring::bindings {
 
@@ -19,6 +24,11 @@ void register_communicator(py::module_& m);
 void register_device(py::module_& m);
 void register_kernels(py::module_& m);
 void register_cuda(py::module_& m);
+
+// One rank's published endpoint for a channel: (host key, {transport: address}).
+using EndpointTuple = std::tuple<std::string, std::map<std::string, std::string>>;
+// The endpoints as the transport registry takes them, rank = index.
+std::vector<Endpoint> endpoints_of(const std::vector<EndpointTuple>& tuples);
 
 // Destroying a communicator joins its progress and callback threads, and a callback may be
 // waiting for the GIL: the GIL is released for the destruction.

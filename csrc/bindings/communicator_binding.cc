@@ -24,21 +24,6 @@ namespace pyring::bindings {
 
 namespace {
 
-// One rank's published endpoint for a channel: (host key, {transport: address}).
-using EndpointTuple = std::tuple<std::string, std::map<std::string, std::string>>;
-
-std::vector<Endpoint> endpoints_of(const std::vector<EndpointTuple>& tuples) {
-  std::vector<Endpoint> out;
-  for (const auto& [host, addresses] : tuples) {
-    Endpoint e;
-    e.rank = static_cast<int>(out.size());
-    e.host = host;
-    e.addresses = addresses;
-    out.push_back(std::move(e));
-  }
-  return out;
-}
-
 BufferView view(uintptr_t ptr, size_t count, int dtype) {
   return BufferView{reinterpret_cast<void*>(ptr), count, dtype_from_int(dtype)};
 }
@@ -176,35 +161,7 @@ void register_communicator(py::module_& m) {
   for (int c = 0; c < kNumShmCopies; ++c) copies.append(shm_copy_name(static_cast<ShmCopy>(c)));
   m.attr("SHM_COPY_NAMES") = py::tuple(copies);
   m.attr("MAX_TCP_STREAMS") = kMaxTcpStreams;
-  py::list transport_names;
-  py::dict transport_costs;
-  for (const Transport* t : transports()) {
-    transport_names.append(t->name());
-    const LinkModel m = t->default_costs();
-    transport_costs[t->name()] = py::make_tuple(m.alpha_s, m.bytes_per_s);
-  }
-  m.attr("TRANSPORT_NAMES") = py::tuple(transport_names);
-  m.attr("TRANSPORT_COSTS") = transport_costs;
   m.attr("DEFAULT_REDUCE_BYTES_PER_S") = Options{}.reduce_bytes_per_s;
-  m.def(
-      "plan_transports",
-      [](const std::vector<EndpointTuple>& endpoints) {
-        const size_t n = endpoints.size();
-        const std::vector<int> plan = plan_transports(endpoints_of(endpoints));
-        py::list rows;
-        for (size_t a = 0; a < n; ++a) {
-          py::list row;
-          for (size_t b = 0; b < n; ++b) {
-            const int t = plan[a * n + b];
-            row.append(t < 0 ? py::object(py::none())
-                             : py::object(py::str(transports()[static_cast<size_t>(t)]->name())));
-          }
-          rows.append(row);
-        }
-        return rows;
-      },
-      py::arg("endpoints"),
-      "The transport of every pair (None on the diagonal), as the communicator will use them.");
   m.def(
       "needed_peers",
       [](int rank, int size, std::vector<std::string> names, Groups groups) {

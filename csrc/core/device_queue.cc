@@ -57,11 +57,21 @@ uint8_t* DeviceQueue::staging(size_t bytes) {
   return staging_;
 }
 
-void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
-                      const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline) {
+void DeviceQueue::serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body) {
   try {
     host_wait_flag(&slot(entered_, ticket), ticket, deadline,
                    "the work queued on the caller's stream before the collective");
+    body();
+    rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
+  } catch (...) {
+    release(ticket);
+    throw;
+  }
+}
+
+void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
+                      const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline) {
+  serve(ticket, deadline, [&] {
     size_t total = 0;
     for (const auto& r : regions) total += aligned(r.bytes);
     uint8_t* base = staging(total);
@@ -85,11 +95,7 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
         rt_.copy_async(device_.index, regions[i].data, host[i], regions[i].bytes, stream_);
       }
     }
-    rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
-  } catch (...) {
-    release(ticket);
-    throw;
-  }
+  });
 }
 
 uint64_t DeviceQueue::mark_copied() {
@@ -100,9 +106,7 @@ uint64_t DeviceQueue::mark_copied() {
 void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const BufferView& out,
                               const std::function<void(Deadline, uint8_t*, size_t, size_t)>& fn,
                               Deadline deadline) {
-  try {
-    host_wait_flag(&slot(entered_, ticket), ticket, deadline,
-                   "the work queued on the caller's stream before the collective");
+  serve(ticket, deadline, [&] {
     const size_t esz = dtype_size(in.dtype), n = in.count;
     const size_t chunk = stage_chunk_elems(in.dtype);
     const size_t chunks = n == 0 ? 1 : (n + chunk - 1) / chunk;
@@ -126,11 +130,7 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
         rt_.copy_async(device_.index, out.at(k * chunk), slot_of(k), count_of(k) * esz, stream_);
       }
     }
-    rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
-  } catch (...) {
-    release(ticket);
-    throw;
-  }
+  });
 }
 
 void DeviceQueue::release(uint64_t ticket) noexcept {

@@ -79,6 +79,9 @@ class DeviceQueue {
 
  private:
   Flag& slot(Flag* flags, uint64_t ticket) const { return flags[ticket % kSlots]; }
+  // Waits for the ticket's "entered" flag, runs body, then queues the raise of its "done" flag;
+  // on failure releases the ticket and rethrows.
+  void serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body);
   // Raises the ticket's done flag from the host once pyring's stream has drained.
   void release(uint64_t ticket) noexcept;
   uint8_t* staging(size_t bytes);
