@@ -9,7 +9,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, pci, rendezvous, topology
+from . import _C, _device_links, pci, rendezvous, topology
 from ._devices import device_name_of
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
@@ -60,7 +60,7 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
     if not (isinstance(rank, int) and 0 <= rank < world):
         raise ValueError(f"init: rank {rank!r} is out of range for world_size {world}")
     bound = device_name_of(device)
-    comm = _connect(meeting, cfg)
+    comm = _connect(meeting, cfg, bound)
     comm.device = bound
     _live.add(comm)
     if set_default and _default is None:
@@ -83,7 +83,7 @@ def _topology(spec: Any, source: str, peers: list[dict], world: int) -> topology
     return topology.parse(spec, world, source=source)
 
 
-def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
+def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Communicator:
     rank, world = meeting.rank, meeting.world_size
     store = rendezvous.prefixed(meeting.store, rank)
     if rank == 0:
@@ -101,7 +101,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
           "cores": len(os.sched_getaffinity(0)), "link_model": cfg.link_model,
           "endpoints": {channel: _addresses(cfg, job_id, rank, channel, host_ip, lst)
                         for channel, lst in (("", listener), ("p2p", p2p_listener))},
-          "detail": cfg.debug == "DETAIL"}
+          "detail": cfg.debug == "DETAIL", "device": device}
     segment = p2p_segment = None
     names: list[str] = []
     dropped: dict[str, int] = {}
@@ -141,6 +141,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any) -> Communicator:
                                p2p_segment, p2p_listener, p2p_endpoints, cfg.flight_entries,
                                SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
+        _device_links.connect(core, store, rank, world, peers, device, cfg, job_id, needed,
+                              local_index, local_world)
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:

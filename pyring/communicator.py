@@ -39,6 +39,7 @@ class Communicator(PointToPoint):
         #: The pyring.topology.Topology every rank agreed on at init.
         self.topology = topology
         self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0, 0))
+        self._stats_base_device: dict = {}
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
@@ -246,7 +247,8 @@ class Communicator(PointToPoint):
         which bytes_received leaves out. A shm link's ``bytes_streamed`` are the bytes of its
         bytes_sent that were copied into the peer's slots with non-temporal stores
         (PYRING_SHM_COPY); a tcp link's ``connections`` are its TCP connections
-        (PYRING_SOCKET_NSTREAMS)."""
+        (PYRING_SOCKET_NSTREAMS). ``device_links`` counts the links that carry device buffers
+        device to device (cuda_ipc; empty where device buffers are staged through the host)."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
@@ -259,6 +261,11 @@ class Communicator(PointToPoint):
                 out_links[peer]["bytes_streamed"] = streamed - t0
             elif kind == "tcp":
                 out_links[peer]["connections"] = connections
+        device_links = {}
+        for peer, (kind, sent, received) in sorted(self._c.device_link_stats().items()):
+            s0, r0 = self._stats_base_device.get(peer, (0, 0))
+            device_links[peer] = {"transport": kind, "bytes_sent": sent - s0,
+                                  "bytes_received": received - r0}
         return {
             "bytes_sent": sum(v["bytes_sent"] for v in out_links.values()),
             "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
@@ -266,6 +273,7 @@ class Communicator(PointToPoint):
             "calls": {a: n - base_calls.get(a, 0) for a, n in calls.items()},
             "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1],
                     "single_copy_bytes": p2p[2] - base_p2p[2]},
+            "device_links": device_links,
         }
 
     def debug_dump(self) -> list[dict[str, Any]]:
@@ -284,6 +292,8 @@ class Communicator(PointToPoint):
         links, calls = self._c.raw_stats()
         self._stats_base = ({p: (s, r, t) for p, (_, s, r, t, _) in links.items()}, dict(calls),
                             self._c.p2p_bytes())
+        self._stats_base_device = {p: (s, r) for p, (_, s, r) in
+                                   self._c.device_link_stats().items()}
 
     def close(self) -> None:
         """Finishes the work already running, fails queued work with CommError, and frees the

@@ -154,12 +154,13 @@ def job_key(store: Any, rank: int, timeout_s: float) -> bytes:
     return store.get("job")
 
 
-def exchange(store: Any, rank: int, world: int, info: dict, timeout_s: float) -> list[dict]:
-    """Publishes ``info`` and returns every rank's, in rank order."""
+def exchange(store: Any, rank: int, world: int, info: Any, timeout_s: float,
+             key: str = "peer") -> list:
+    """Publishes ``info`` (JSON) under ``key`` and returns every rank's, in rank order."""
     from .errors import CommTimeout
 
-    store.set(f"peer/{rank}", json.dumps(info).encode())
-    keys = [f"peer/{r}" for r in range(world)]
+    store.set(f"{key}/{rank}", json.dumps(info).encode())
+    keys = [f"{key}/{r}" for r in range(world)]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except Exception as e:

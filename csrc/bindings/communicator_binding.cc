@@ -290,6 +290,13 @@ void register_communicator(py::module_& m) {
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
+            if (c.resident_on(da.device) && (a == Algo::kAuto || a == Algo::kRing)) {
+              return launch_resident(c, async_op, desc_of("all_reduce", vi, op), da,
+                                     [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
+                                       resident_allreduce(c, on_stream(vi, dev, s),
+                                                          on_stream(vo, dev, s), rop, d);
+                                     });
+            }
             if (!da.device.is_cpu()) {
               // Element-wise: each staged chunk is reduced on its own while its neighbours
               // are copied.
@@ -319,6 +326,13 @@ void register_communicator(py::module_& m) {
             BufferView vo = view(out, out_count, dtype);
             ReduceOp rop = op_from_int(op);
             const DeviceArgs da = device_args(device);
+            if (c.resident_on(da.device)) {
+              return launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
+                                     [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
+                                       resident_reduce_scatter(c, on_stream(vi, dev, s),
+                                                               on_stream(vo, dev, s), rop, d);
+                                     });
+            }
             if (!da.device.is_cpu()) {
               return launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
                                    {StagedRegion{vi.data, vi.bytes(), true, false},
@@ -340,6 +354,13 @@ void register_communicator(py::module_& m) {
             BufferView vi = view(in, in_count, dtype);
             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
             const DeviceArgs da = device_args(device);
+            if (c.resident_on(da.device)) {
+              return launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
+                                     [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
+                                       resident_allgather(c, on_stream(vi, dev, s),
+                                                          on_stream(vo, dev, s), d);
+                                     });
+            }
             if (!da.device.is_cpu()) {
               return launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
                                    {StagedRegion{vi.data, vi.bytes(), true, false},
@@ -361,6 +382,12 @@ void register_communicator(py::module_& m) {
                              " out of range for world size ", c.size());
             BufferView v = view(ptr, count, dtype);
             const DeviceArgs da = device_args(device);
+            if (c.resident_on(da.device)) {
+              return launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
+                                     [&c, v, root, dev = da.device](StreamId s, Deadline d) {
+                                       ring_broadcast(c, on_stream(v, dev, s), root, d);
+                                     });
+            }
             if (!da.device.is_cpu()) {
               const bool root_here = root == c.rank();
               return launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
@@ -382,6 +409,7 @@ void register_communicator(py::module_& m) {
       });
   register_p2p(cls);
   register_fast_call(cls);
+  register_device_links(cls, m);
 }
 
 }  // namespace pyring::bindings

@@ -26,6 +26,21 @@ BufferView host_view(const BufferView& v, uint8_t* host) {
   return h;
 }
 
+BufferView on_stream(const BufferView& v, const Device& device, StreamId stream) {
+  BufferView s = v;
+  s.device = device;
+  s.stream = stream;
+  return s;
+}
+
+py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                           const DeviceArgs& args, std::function<void(StreamId, Deadline)> body) {
+  return launch_staged(comm, async_op, desc, args,
+                       [body = std::move(body)](DeviceQueue& q, uint64_t t, Deadline d) {
+                         q.run_resident(t, [&](Deadline dl) { body(q.stream(), dl); }, d);
+                       });
+}
+
 py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                          const DeviceArgs& args, std::vector<StagedRegion> regions,
                          std::function<void(Deadline, uint8_t* const*)> fn) {

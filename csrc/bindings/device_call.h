@@ -37,6 +37,14 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          const DeviceArgs& args,
                          std::function<void(DeviceQueue&, uint64_t, Deadline)> body);
 
+// The same, run on the device buffers themselves (DeviceQueue::run_resident), for a
+// communicator whose device links carry args.device: body(pyring's stream, deadline).
+py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                           const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
+
+// `v` on `device`, its kernels and copies queued on `stream`.
+BufferView on_stream(const BufferView& v, const Device& device, StreamId stream);
+
 // The host view of `v` at its staged copy `host`.
 BufferView host_view(const BufferView& v, uint8_t* host);
 

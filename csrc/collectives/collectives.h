@@ -41,6 +41,21 @@ size_t tree_slices(size_t bytes, size_t teams);
 // Throws InvalidArgument naming the devices unless in and out are host buffers: the links
 // carry host memory, and device buffers are staged by the device queue (core/device_queue.h).
 void check_on_host(const BufferView& in, const BufferView& out, const char* what);
+// The same, but device buffers pass too where the communicator has links that carry them
+// (Communicator::resident_on).
+void check_links_carry(const Communicator& comm, const BufferView& in, const BufferView& out,
+                       const char* what);
+
+// Device-resident collectives: in and out on the device of the communicator's device links,
+// whose stream the buffers name; the ring algorithms run on the device buffers themselves,
+// their kernels and copies queued on that stream (DeviceQueue::run_resident). The choice is
+// logged at INFO with its reason.
+void resident_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
+                        ReduceOp op, Deadline deadline);
+void resident_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
+                             ReduceOp op, Deadline deadline);
+void resident_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
+                        Deadline deadline);
 
 // Runs the algorithm the selector picks for `algo` (kAuto: by size, world and topology).
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,

@@ -14,8 +14,10 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const DType acc_type = accum_dtype(dtype);
   // Partial results live in `out` when they have the caller's type, else in float32 scratch.
   auto* out_bytes = static_cast<uint8_t*>(out.data);
-  uint8_t* acc = acc_type == dtype ? out_bytes : comm.scratch(in.count * dtype_size(acc_type));
-  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, KernelSite::of(in)};
+  const KernelSite site = KernelSite::of(in);
+  uint8_t* acc =
+      acc_type == dtype ? out_bytes : comm.scratch_for(site, in.count * dtype_size(acc_type));
+  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, site};
   ar_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
            Parts::even(0, in.count, static_cast<size_t>(n)), static_cast<const uint8_t*>(in.data),
            dtype, acc, out_bytes, info, deadline);

@@ -14,12 +14,13 @@
 namespace pyring {
 
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline) {
-  check_on_host(buf, buf, "broadcast");
+  check_links_carry(comm, buf, buf, "broadcast");
   if (comm.size() == 1 || buf.bytes() == 0) return;
   note_ring_collective(comm, CollectiveKind::kBroadcast, buf.bytes());
   const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());
   const PhaseInfo info{
-      CollectiveKind::kBroadcast, buf.dtype, ReduceOp::kSum, buf.count, root, comm.size()};
+      CollectiveKind::kBroadcast, buf.dtype, ReduceOp::kSum, buf.count, root, comm.size(),
+      KernelSite::of(buf)};
   bcast_phase(comm, ring, SubRing::of(comm.ring_order(), root).pos, static_cast<uint8_t*>(buf.data),
               buf.bytes(), info, deadline);
 }

@@ -59,7 +59,13 @@ struct Ends {
   Link* right;
 };
 
-Ends ends(Communicator& comm, const SubRing& ring) {
+// The links the phase's data travels: host links, or the device links for device buffers.
+Ends ends(Communicator& comm, const SubRing& ring, const KernelSite& site) {
+  return Ends{&comm.link_for(site.device, ring.at(-1)), &comm.link_for(site.device, ring.at(1))};
+}
+
+// The links the phase's header travels: always the host links.
+Ends header_ends(Communicator& comm, const SubRing& ring) {
   return Ends{&comm.link(ring.at(-1)), &comm.link(ring.at(1))};
 }
 
@@ -144,19 +150,22 @@ void post_allgather(const SubRing& ring, const Parts& parts, Ends links, uint8_t
 Posted start(Communicator& comm, const SubRing& ring, const PhaseInfo& info) {
   Posted posted;
   if (ring.size() < 2) return posted;
-  const Ends links = ends(comm, ring);
+  const Ends links = ends(comm, ring, info.site);
+  const Ends header = header_ends(comm, ring);
   posted.left = links.left;
   posted.right = links.right;
+  posted.header_left = header.left;
+  posted.header_right = header.right;
   posted.header = std::make_unique<HeaderExchange>(comm.seq(), info.kind, info.dtype, info.op,
                                                    info.count, info.root);
-  posted.header->post(links.left, links.right, comm.rank());
+  posted.header->post(header.left, header.right, comm.rank());
   return posted;
 }
 
 }  // namespace
 
 void Posted::complete(Communicator& comm, Deadline deadline, std::vector<Link*> background) {
-  if (left) drive({left, right}, deadline, comm.spin_us(), std::move(background));
+  if (left) drive(links(), deadline, comm.spin_us(), std::move(background));
 }
 
 Posted post_rs(Communicator& comm, const SubRing& ring, const Parts& parts, const uint8_t* src,
@@ -235,11 +244,12 @@ void ar_phase(Communicator& comm, const SubRing& ring, const Parts& parts, const
 void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t* buf, size_t bytes,
                  const PhaseInfo& info, Deadline deadline) {
   if (ring.size() < 2 || bytes == 0) return;
-  const Ends links = ends(comm, ring);
+  const Ends links = ends(comm, ring, info.site);
+  const Ends hlinks = header_ends(comm, ring);
   const bool is_root = ring.pos == root_pos;
   const bool forwards = static_cast<int>(part_of(ring, 1)) != root_pos;
   HeaderExchange header(comm.seq(), info.kind, info.dtype, info.op, info.count, info.root);
-  header.post(is_root ? nullptr : links.left, forwards ? links.right : nullptr, comm.rank());
+  header.post(is_root ? nullptr : hlinks.left, forwards ? hlinks.right : nullptr, comm.rank());
   if (is_root) {
     links.right->post_send(buf, bytes);
   } else {
@@ -254,7 +264,7 @@ void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t*
     }
     links.left->post_recv(std::move(spec));
   }
-  drive({links.left, links.right}, deadline, comm.spin_us());
+  drive({links.left, links.right, hlinks.left, hlinks.right}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -49,8 +49,10 @@ struct PhaseInfo {
   ReduceOp op = ReduceOp::kSum;
   uint64_t count = 0;  // the collective's element count, for mismatch messages
   int root = -1;
-  int world = 1;    // the divisor of avg
-  KernelSite site;  // where the phase's buffers live: the host (see kernels/dispatch.h)
+  int world = 1;  // the divisor of avg
+  // Where the phase's buffers live (kernels/dispatch.h): on a device, the data travels the
+  // communicator's device links and the kernels queue on site.stream.
+  KernelSite site;
 };
 
 // A phase whose header, receives and first sends are posted. Keep it alive until its links
@@ -59,10 +61,12 @@ struct PhaseInfo {
 // every rank must post them in the same order.
 struct Posted {
   std::unique_ptr<HeaderExchange> header;
-  Link* left = nullptr;  // null: a ring of one rank, nothing to move
+  Link* left = nullptr;  // the data's links; null: a ring of one rank, nothing to move
   Link* right = nullptr;
+  Link* header_left = nullptr;  // the header's: the host links, also for device buffers
+  Link* header_right = nullptr;
 
-  std::vector<Link*> links() const { return {left, right}; }
+  std::vector<Link*> links() const { return {left, right, header_left, header_right}; }
   // Drives the phase's links until idle, also moving `background` (see drive()).
   void complete(Communicator& comm, Deadline deadline, std::vector<Link*> background = {});
 };

@@ -12,9 +12,9 @@ void ring_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   const DType dtype = in.dtype;
   const size_t m = out.count;
   if (nothing_to_exchange(comm, in, out)) return;
-  uint8_t* acc = comm.scratch(in.count * dtype_size(accum_dtype(dtype)));
-  const PhaseInfo info{
-      CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n, KernelSite::of(in)};
+  const KernelSite site = KernelSite::of(in);
+  uint8_t* acc = comm.scratch_for(site, in.count * dtype_size(accum_dtype(dtype)));
+  const PhaseInfo info{CollectiveKind::kReduceScatter, dtype, op, in.count, -1, n, site};
   rs_phase(comm, SubRing::of(comm.ring_order(), comm.rank()), Parts::blocks(comm.ring_order(), m),
            static_cast<const uint8_t*>(in.data), dtype, acc, static_cast<uint8_t*>(out.data), info,
            deadline);

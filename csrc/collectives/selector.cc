@@ -199,6 +199,12 @@ void check_on_host(const BufferView& in, const BufferView& out, const char* what
                    " given): device buffers go through the device queue's staging");
 }
 
+void check_links_carry(const Communicator& comm, const BufferView& in, const BufferView& out,
+                       const char* what) {
+  if (!in.device.is_cpu() && in.device == out.device && comm.resident_on(in.device)) return;
+  check_on_host(in, out, what);
+}
+
 void reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,
                     Deadline deadline) {
   check_on_host(in, out, "reduce_scatter");

@@ -73,7 +73,8 @@ void tree_allgather(Communicator& comm, const BufferView& in, const BufferView& 
   const size_t own =
       parts.empty() ? 0 : parts.back().off[static_cast<size_t>(plan.teams.back().pos)];
   std::memcpy(perm + own * dtype_size(in.dtype), in.data, block);
-  const PhaseInfo info{CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum, out.count, -1, n};
+  const PhaseInfo info{CollectiveKind::kAllGather, in.dtype, ReduceOp::kSum, out.count, -1, n,
+                       KernelSite::of(in)};
   for (size_t i = parts.size(); i-- > 0;) {
     const Team& t = plan.teams[i];
     ag_phase(comm, SubRing{t.ranks, t.pos}, parts[i], perm, info, deadline);

@@ -123,6 +123,50 @@ std::shared_ptr<DeviceQueue> Communicator::device_queue(const Device& device) {
   return device_queues_.back();
 }
 
+void Communicator::set_device_links(std::shared_ptr<DeviceQueue> queue,
+                                    std::vector<std::unique_ptr<Link>> links,
+                                    std::shared_ptr<void> keepalive, std::string transport) {
+  PYRING_CHECK_ARG(queue && links.size() == static_cast<size_t>(size_) && resident_device_.is_cpu(),
+                   "device links are set once, one per rank, with their device queue");
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    for (const auto& q : device_queues_) {
+      PYRING_CHECK_ARG(!(q->device() == queue->device()), "a queue for ", queue->device().str(),
+                       " exists already");
+    }
+    device_queues_.push_back(queue);
+  }
+  device_links_ = std::move(links);
+  device_keepalive_ = std::move(keepalive);
+  device_transport_ = std::move(transport);
+  resident_device_ = queue->device();
+}
+
+bool Communicator::resident_on(const Device& device) const {
+  return !resident_device_.is_cpu() && device == resident_device_;
+}
+
+Link* Communicator::device_link(int peer) const {
+  if (peer < 0 || peer >= size_ || device_links_.empty()) return nullptr;
+  return device_links_[static_cast<size_t>(peer)].get();
+}
+
+Link& Communicator::link_for(const Device& device, int peer) {
+  if (device.is_cpu()) return link(peer);
+  PYRING_CHECK(resident_on(device), CommError, "no links carry ", device.str(), " buffers on rank ",
+               rank_, " (device links: ",
+               resident_device_.is_cpu() ? std::string("none") : resident_device_.str(), ")");
+  Link* l = device_link(peer);
+  PYRING_CHECK(l != nullptr, CommError, "missing ", device_transport_, " connection between rank ",
+               rank_, " (this process) and rank ", peer);
+  return *l;
+}
+
+uint8_t* Communicator::scratch_for(const KernelSite& site, size_t bytes) {
+  if (site.on_host()) return scratch(bytes);
+  return device_queue(site.device)->device_scratch(bytes);
+}
+
 uint8_t* Communicator::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();
@@ -167,6 +211,9 @@ void Communicator::give_up(const CommError& e, const std::string& prefix) {
                               : str_cat("rank ", rank_, " failed in ", prefix, e.what());
   p2p_->announce_abort(cause);
   for (auto& l : links_) {
+    if (l) l->abort();
+  }
+  for (auto& l : device_links_) {
     if (l) l->abort();
   }
   failed(dynamic_cast<const TimeoutError*>(&e) != nullptr, prefix + e.what());

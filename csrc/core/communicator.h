@@ -18,6 +18,7 @@
 #include "core/progress.h"
 #include "core/topology.h"
 #include "core/types.h"
+#include "kernels/dispatch.h"
 
 namespace pyring {
 
@@ -112,8 +113,24 @@ class Communicator {
   // first use. Thread-safe.
   std::shared_ptr<DeviceQueue> device_queue(const Device& device);
 
+  // Links that carry device memory to the peers the algorithms need, over `transport`, with
+  // the queue of their device, whose stream their copies use. Set at most once, at init,
+  // when a device transport links every pair; none: device buffers are staged.
+  void set_device_links(std::shared_ptr<DeviceQueue> queue,
+                        std::vector<std::unique_ptr<Link>> links, std::shared_ptr<void> keepalive,
+                        std::string transport);
+  // Device buffers on `device` run on the device (DeviceQueue::run_resident).
+  bool resident_on(const Device& device) const;
+  const std::string& device_transport() const { return device_transport_; }
+  // The link to `peer` that carries buffers of `device`: the host link for the host.
+  Link& link_for(const Device& device, int peer);
+  // Null where there is no device link to `peer`.
+  Link* device_link(int peer) const;
+
   // Scratch memory for the collective that runs now; valid until the next call.
   uint8_t* scratch(size_t bytes);
+  // The same, where `site` runs its kernels (device scratch of its device queue).
+  uint8_t* scratch_for(const KernelSite& site, size_t bytes);
 
   // Stops the progress engine (queued work fails with CommError). Idempotent.
   void close();
@@ -153,6 +170,12 @@ class Communicator {
   int right_ = 0;
   std::vector<std::unique_ptr<Link>> links_;
   std::shared_ptr<void> keepalive_;
+  // Declared before device_queues_, so destroyed after them: a queue drains its stream, whose
+  // copies the device links queued, before the links unmap their memory.
+  std::vector<std::unique_ptr<Link>> device_links_;
+  std::shared_ptr<void> device_keepalive_;
+  std::string device_transport_;
+  Device resident_device_;  // cpu: no device links
   std::vector<uint8_t> scratch_;
   uint64_t seq_ = 0;  // written only by the running collective
   std::atomic<size_t> single_copy_bytes_{kDefaultSingleCopyBytes};

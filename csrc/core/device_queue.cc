@@ -33,6 +33,7 @@ DeviceQueue::~DeviceQueue() {
   }
   rt_.destroy_stream(device_.index, stream_);
   if (staging_) rt_.free_host(device_.index, staging_);
+  if (scratch_) rt_.free(device_.index, scratch_);
   rt_.free_host(device_.index, flags_);
 }
 
@@ -55,6 +56,22 @@ uint8_t* DeviceQueue::staging(size_t bytes) {
   staging_ = static_cast<uint8_t*>(rt_.alloc_host(device_.index, bytes));
   staging_bytes_ = bytes;
   return staging_;
+}
+
+uint8_t* DeviceQueue::device_scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  rt_.synchronize(device_.index, stream_);  // earlier kernels may still use the old memory
+  if (scratch_) rt_.free(device_.index, scratch_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  scratch_ = static_cast<uint8_t*>(rt_.alloc(device_.index, bytes));
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+void DeviceQueue::run_resident(uint64_t ticket, const std::function<void(Deadline)>& fn,
+                               Deadline deadline) {
+  serve(ticket, deadline, [&] { fn(deadline); });
 }
 
 void DeviceQueue::serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body) {

@@ -1,5 +1,6 @@
-// Device buffers in a collective: ordering with the caller's stream, and staging through pinned
-// host memory so that every algorithm and link runs on host memory.
+// Device buffers in a collective: ordering with the caller's stream, and either staging through
+// pinned host memory so that every algorithm and link runs on host memory, or (run_resident)
+// the collective run on the device buffers themselves over links that carry device memory.
 //
 // One DeviceQueue per communicator and device. Each collective on device buffers takes a ticket:
 // - enter() (caller's thread) queues on the caller's stream the raise of the ticket's
@@ -65,6 +66,13 @@ class DeviceQueue {
   void run_chunked(uint64_t ticket, const BufferView& in, const BufferView& out,
                    const std::function<void(Deadline, uint8_t*, size_t, size_t)>& fn,
                    Deadline deadline);
+  // For collectives whose links carry device memory: runs fn(deadline) once the ticket's
+  // "entered" flag is up; fn queues its kernels and copies on stream().
+  void run_resident(uint64_t ticket, const std::function<void(Deadline)>& fn, Deadline deadline);
+  // pyring's stream on this device: staging copies, resident collectives, done flags.
+  StreamId stream() const { return stream_; }
+  // Device scratch memory for the collective that runs now; valid until the next call.
+  uint8_t* device_scratch(size_t bytes);
   // Caller's thread: queues on `stream` a wait for the ticket's done flag.
   void order_after(StreamId stream, uint64_t ticket);
   // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
@@ -98,6 +106,8 @@ class DeviceQueue {
   std::atomic<uint64_t> next_ticket_{0};
   uint8_t* staging_ = nullptr;  // touched only by the running collective
   size_t staging_bytes_ = 0;
+  uint8_t* scratch_ = nullptr;  // device memory; touched only by the running collective
+  size_t scratch_bytes_ = 0;
   uint64_t copy_seq_ = 0;  // copied_'s last queued value; touched only by the running collective
 };
 

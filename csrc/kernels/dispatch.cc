@@ -48,6 +48,12 @@ void finish_single(const KernelSite& site, DType dtype, const void* a, void* out
   if (a != out) rt(site).copy_async(site.device.index, out, a, n * dtype_size(dtype), site.stream);
 }
 
+void copy(const KernelSite& site, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (site.on_host()) return static_cast<void>(std::memcpy(dst, src, bytes));
+  rt(site).copy_async(site.device.index, dst, src, bytes, site.stream);
+}
+
 void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n) {
   if (site.on_host()) return wire_cast(from, to, in, out, n);
   rt(site).cast(site.device.index, from, to, in, out, n, site.stream);

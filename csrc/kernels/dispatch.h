@@ -5,8 +5,8 @@
 // collective calls those directly.
 //
 // A device site's kernels are queued, not run: their inputs must stay valid until the stream
-// reaches them. The collectives run on host buffers today (device buffers are staged by the
-// device queue, core/device_queue.h), so their sites are the host.
+// reaches them. The collectives run on host buffers, or on device buffers when their links
+// carry device memory (DeviceQueue::run_resident); the site says which.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +38,8 @@ void finish_wide(const KernelSite& site, DType dtype, ReduceOp op, const void* a
 void widen(const KernelSite& site, DType dtype, const void* a, void* acc, size_t n);
 // out[i] = finish(a[i]) for a world of one rank
 void finish_single(const KernelSite& site, DType dtype, const void* a, void* out, size_t n);
+// dst[0, bytes) = src[0, bytes); the ranges do not overlap
+void copy(const KernelSite& site, void* dst, const void* src, size_t bytes);
 // out[i] = in[i] converted between float32 and float16/bfloat16
 void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n);
 

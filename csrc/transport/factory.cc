@@ -27,8 +27,10 @@ Links make_links(const LinkSetup& setup, const std::vector<Endpoint>& endpoints,
     for (const Endpoint* p : by_transport[t]) {
       Link* link = out.by_rank[static_cast<size_t>(p->rank)].get();
       PYRING_CHECK(link != nullptr, CommError, tr.name(), " made no link to rank ", p->rank);
-      const bool ok = tr.wait_kind() == WaitKind::kPollFd ? link->poll_fd() >= 0
-                                                          : link->sleep_word() != nullptr;
+      const WaitKind kind = tr.wait_kind();
+      const bool ok = kind == WaitKind::kPollFd      ? link->poll_fd() >= 0
+                      : kind == WaitKind::kFutexWord ? link->sleep_word() != nullptr
+                                                     : link->poll_fd() < 0 && !link->sleep_word();
       PYRING_CHECK(ok, CommError, "the ", tr.name(), " link to rank ", p->rank,
                    " does not block the way its transport declares");
     }

@@ -1,6 +1,7 @@
 // Builds this rank's links: for each peer it needs, the transport the registry chose.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,13 @@ struct LinkSetup {
   ShmCopy shm_copy = ShmCopy::kAuto;
   int tcp_streams = 1;  // connections per tcp link (PYRING_SOCKET_NSTREAMS)
   int log_level = 0;    // >= 1: report connections dropped during the tcp rendezvous
+  // Device transports: the device, the stream their copies are queued on (the device queue's,
+  // so that they order with its kernels), what keeps that stream alive, and each transport's
+  // prepared state by name (Transport::prepare).
+  Device device;
+  StreamId stream = 0;
+  std::shared_ptr<void> stream_owner;
+  std::map<std::string, std::shared_ptr<void>> prepared;
 };
 
 struct Links {

@@ -29,17 +29,23 @@ int transport_index(const std::string& name) {
   PYRING_THROW(InvalidArgument, "unknown transport '", name, "' (valid: ", valid, ")");
 }
 
-std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints) {
+std::shared_ptr<void> Transport::prepare(const DeviceSetup&, std::string*) const {
+  PYRING_THROW(Error, name(), " carries host memory and prepares nothing");
+}
+
+std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints, Memory memory) {
   const size_t n = endpoints.size();
   std::vector<int> plan(n * n, -1);
   for (size_t a = 0; a < n; ++a) {
     for (size_t b = 0; b < n; ++b) {
       if (a == b) continue;
       for (size_t t = 0; t < transports().size() && plan[a * n + b] < 0; ++t) {
-        if (transports()[t]->can_connect(endpoints[a], endpoints[b])) {
+        const Transport& tr = *transports()[t];
+        if (tr.memory() == memory && tr.can_connect(endpoints[a], endpoints[b])) {
           plan[a * n + b] = static_cast<int>(t);
         }
       }
+      if (memory == Memory::kDevice && plan[a * n + b] < 0) return {};
       PYRING_CHECK(plan[a * n + b] >= 0, CommError, "no transport can link rank ", a, " (host ",
                    endpoints[a].host, ") and rank ", b, " (host ", endpoints[b].host, ")");
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,21 @@ struct Endpoint {
   const std::string& address(const char* transport) const;  // throws CommError when absent
 };
 
-// How a thread waiting on the transport's links blocks (Link::poll_fd or Link::sleep_word).
-enum class WaitKind { kPollFd, kFutexWord };
+// How a thread waiting on the transport's links blocks: Link::poll_fd, Link::sleep_word, or
+// neither (kPoll: progress waits on device work that wakes no thread; the waiter re-polls).
+enum class WaitKind { kPollFd, kFutexWord, kPoll };
+
+// What memory a transport's links carry: host buffers (every collective), or device buffers
+// (the collectives a device queue runs on the device itself, core/device_queue.h).
+enum class Memory { kHost, kDevice };
+
+// A device transport's resources, made before the rendezvous (its address names them).
+struct DeviceSetup {
+  Device device;
+  uint32_t local_world = 1;
+  size_t slot_bytes = 0;  // pipelining unit
+  std::string name;       // a unique name for host shared memory of this rank, if it needs one
+};
 
 class Transport {
  public:
@@ -41,6 +55,11 @@ class Transport {
   virtual WaitKind wait_kind() const = 0;
   // The two ends can read each other's memory: single-copy transfers (collectives/exchange.h).
   virtual bool single_copy() const = 0;
+  virtual Memory memory() const { return Memory::kHost; }
+  // Device transports: makes this rank's resources and returns the state connect() reads from
+  // setup.prepared, with the address to publish in *address. Throws where the device refuses
+  // (CudaError); the rank then publishes no address for this transport.
+  virtual std::shared_ptr<void> prepare(const DeviceSetup& setup, std::string* address) const;
   // Links this rank to `peers` (every one of them chose this transport), into out.by_rank.
   // Throws CommError or TimeoutError naming the peer that could not be reached.
   virtual void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,
@@ -51,8 +70,11 @@ class Transport {
 const std::vector<const Transport*>& transports();
 int transport_index(const std::string& name);  // throws InvalidArgument listing the names
 
-// The chosen transport of every pair: plan[a * n + b] indexes transports(); -1 on the
-// diagonal. Throws CommError naming the pair when no transport can connect one.
-std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints);
+// The chosen transport of every pair among those carrying `memory`: plan[a * n + b] indexes
+// transports(); -1 on the diagonal. Host memory: throws CommError naming the pair when no
+// transport can connect one. Device memory: an empty plan when some pair has none (device
+// buffers are then staged through host memory).
+std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints,
+                                 Memory memory = Memory::kHost);
 
 }  // namespace pyring
