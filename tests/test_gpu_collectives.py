@@ -17,12 +17,17 @@ pytestmark = [pytest.mark.gpu,
                                  "with CUDA")]
 
 
-def collectives_body(rank, world, store):
+def collectives_body(rank, world, store, bound):
+    """bound: the rank is bound to cuda:0 at init, so the ring runs on the device over cuda_ipc;
+    else device buffers are staged through pinned host memory."""
     import pyring
 
     dev = torch.device("cuda", 0)
     bad = []
-    with pyring.init(rank, world, store, set_default=False) as comm:
+    with pyring.init(rank, world, store, set_default=False,
+                     device="cuda:0" if bound else None) as comm:
+        if comm._c.device_transport != ("cuda_ipc" if bound else None):
+            bad.append(f"device transport {comm._c.device_transport}")
         s = torch.cuda.Stream(dev)
         with torch.cuda.stream(s):
             for n in (0, 1, 1001, (1 << 20) + 3):
@@ -46,6 +51,14 @@ def collectives_body(rank, world, store):
             comm.broadcast(b, src=world - 1)
             if b.cpu().tolist() != [float(world - 1)] * 7:
                 bad.append(f"broadcast: {b.tolist()}")
+            for dt in (torch.float32, torch.bfloat16):
+                rs = torch.empty(1000, device=dev, dtype=dt)
+                src = (torch.arange(world * 1000, device=dev) % 7 + rank).to(dt)
+                comm.reduce_scatter_tensor(rs, src)
+                want = (torch.arange(rank * 1000, (rank + 1) * 1000) % 7 * world
+                        + sum(range(world))).to(dt)
+                if not torch.equal(rs.cpu(), want):
+                    bad.append(f"reduce_scatter {dt}: {rs[:3].tolist()}")
             try:
                 comm.all_reduce(torch.zeros(3, device=dev), out=torch.zeros(3))
                 bad.append("mixed devices accepted")
@@ -57,12 +70,16 @@ def collectives_body(rank, world, store):
             if dl.cpu().tolist() != [float(world)] * 9:
                 bad.append(f"dlpack: {dl.tolist()}")
         s.synchronize()
+        moved = sum(v["bytes_sent"] for v in comm.stats()["device_links"].values())
+        if bound and moved == 0:
+            bad.append("no byte went over the device links")
     return bad
 
 
+@pytest.mark.parametrize("bound", [True, False], ids=["cuda_ipc", "staged"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_collectives_on_one_gpu(world):
-    for rank, bad in enumerate(run_ranks(world, collectives_body, timeout=300)):
+def test_collectives_on_one_gpu(world, bound):
+    for rank, bad in enumerate(run_ranks(world, collectives_body, bound, timeout=300)):
         assert not bad, f"rank {rank}: {bad}"
 
 

@@ -5,11 +5,13 @@
 namespace pyring {
 
 // The entries, defined in their folders.
-const Transport& shm_transport();  // transport/shm/
-const Transport& tcp_transport();  // transport/tcp/
+const Transport& shm_transport();       // transport/shm/
+const Transport& tcp_transport();       // transport/tcp/
+const Transport& cuda_ipc_transport();  // transport/cuda_ipc/
 
 const std::vector<const Transport*>& transports() {
-  static const std::vector<const Transport*> list = {&shm_transport(), &tcp_transport()};
+  static const std::vector<const Transport*> list = {&shm_transport(), &tcp_transport(),
+                                                     &cuda_ipc_transport()};
   return list;
 }
 

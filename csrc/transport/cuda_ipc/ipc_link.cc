@@ -1,0 +1,179 @@
+#include "transport/cuda_ipc/ipc_link.h"
+
+#include <algorithm>
+#include <new>
+
+#include "core/errors.h"
+#include "transport/shm/shm_link.h"
+
+namespace pyring {
+
+IpcState::IpcState(Device device_, uint32_t local_world_, uint32_t nslots_, size_t slot_bytes_,
+                   const std::string& control_name)
+    : device(device_),
+      rt(device_runtime(device_.kind)),
+      local_world(local_world_),
+      nslots(nslots_),
+      slot_bytes(slot_bytes_) {
+  PYRING_CHECK_ARG(slot_bytes > 0 && slot_bytes % kPieceAlign == 0 && slot_bytes <= UINT32_MAX,
+                   "cuda_ipc slot size ", slot_bytes, " must be a positive multiple of ",
+                   kPieceAlign, " below 4 GiB");
+  region = static_cast<uint8_t*>(rt.alloc(device.index, inbox_offset(local_world, 0)));
+  try {
+    handle = rt.ipc_handle(device.index, region);
+    control = ShmSegment::create(control_name, local_world, nslots, kIpcControlSlotBytes);
+  } catch (...) {
+    rt.free(device.index, region);
+    throw;
+  }
+}
+
+IpcState::~IpcState() {
+  if (control) ShmSegment::unlink(control->name());
+  rt.free(device.index, region);
+}
+
+IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
+                 std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region,
+                 IpcStream stream)
+    : Link(peer),
+      mine_(std::move(mine)),
+      theirs_control_(std::move(theirs_control)),
+      theirs_region_(theirs_region),
+      stream_(std::move(stream)),
+      out_(theirs_control_->inbox_control(my_local)),
+      in_(mine_->control->inbox_control(peer_local)),
+      my_local_(my_local),
+      peer_local_(peer_local) {
+  flags_ = static_cast<Flag*>(mine_->rt.alloc_host(index(), 2 * sizeof(Flag)));
+  new (&flags_[0]) Flag(0);
+  new (&flags_[1]) Flag(0);
+}
+
+IpcLink::~IpcLink() {
+  try {
+    mine_->rt.synchronize(index(), stream_.stream);
+  } catch (const std::exception&) {  // the device failed: nothing more will touch the flags
+  }
+  mine_->rt.ipc_close(index(), theirs_region_);
+  mine_->rt.free_host(index(), flags_);
+}
+
+void IpcLink::post_send(const uint8_t* data, size_t bytes) {
+  if (bytes > 0) sends_.push_back({data, bytes, 0});
+}
+
+void IpcLink::post_recv(RecvSpec spec) {
+  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0});
+}
+
+bool IpcLink::progress_send() {
+  bool moved = false;
+  if (!copying_.empty()) {
+    const uint64_t copied = flags_[0].load(std::memory_order_acquire);
+    while (!copying_.empty() && copying_.front().value <= copied) {
+      out_->lens[copying_.front().slot] = copying_.front().len;
+      copying_.pop_front();
+      ++published_;
+      moved = true;
+    }
+    if (moved) out_->head.store(published_, std::memory_order_seq_cst);
+  }
+  const size_t slot_bytes = mine_->slot_bytes;
+  while (!sends_.empty()) {
+    if (head_ - tail_seen_ >= mine_->nslots) {
+      tail_seen_ = out_->tail.load(std::memory_order_acquire);
+      if (head_ - tail_seen_ >= mine_->nslots) break;
+    }
+    const uint32_t slot = static_cast<uint32_t>(head_ % mine_->nslots);
+    Send& s = sends_.front();
+    const size_t n = std::min(slot_bytes, s.bytes - s.done);
+    mine_->rt.copy_async(index(), theirs_region_ + mine_->inbox_offset(my_local_, slot),
+                         s.data + s.done, n, stream_.stream);
+    mine_->rt.write_flag(index(), stream_.stream, &flags_[0], ++copies_queued_);
+    copying_.push_back({copies_queued_, slot, static_cast<uint32_t>(n)});
+    ++head_;
+    s.done += n;
+    count_sent(n);
+    if (s.done == s.bytes) sends_.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+bool IpcLink::progress_recv() {
+  bool moved = false;
+  if (!reading_.empty()) {
+    const uint64_t read = flags_[1].load(std::memory_order_acquire);
+    bool released = false;
+    while (!reading_.empty() && reading_.front() <= read) {
+      reading_.pop_front();
+      ++released_;
+      released = true;
+    }
+    if (released) in_->tail.store(released_, std::memory_order_seq_cst);
+  }
+  while (!recvs_.empty()) {
+    if (tail_ == head_seen_) {
+      head_seen_ = in_->head.load(std::memory_order_acquire);
+      if (tail_ == head_seen_) break;
+    }
+    Recv& r = recvs_.front();
+    const uint32_t slot = static_cast<uint32_t>(tail_ % mine_->nslots);
+    const size_t len = in_->lens[slot];
+    PYRING_CHECK(len <= mine_->slot_bytes && len > slot_offset_, CommError,
+                 "cuda_ipc stream from rank ", peer_, " is corrupt (slot of ", len, " bytes)");
+    const size_t n = std::min(len - slot_offset_, r.spec.bytes - r.done);
+    const uint8_t* src = mine_->region + mine_->inbox_offset(peer_local_, slot) + slot_offset_;
+    if (r.spec.copy_to) {
+      mine_->rt.copy_async(index(), r.spec.copy_to + r.done, src, n, stream_.stream);
+      src = r.spec.copy_to + r.done;
+    }
+    if (r.spec.on_piece) r.spec.on_piece(src, r.done, n);
+    r.done += n;
+    count_received(n);
+    slot_offset_ += n;
+    moved = true;
+    if (slot_offset_ == len) {
+      // The slot is free once the work queued on it so far (copy, kernels) has run.
+      slot_offset_ = 0;
+      ++tail_;
+      mine_->rt.write_flag(index(), stream_.stream, &flags_[1], ++reads_queued_);
+      reading_.push_back(reads_queued_);
+    }
+    if (r.done == r.spec.bytes) recvs_.pop_front();
+  }
+  return moved;
+}
+
+bool IpcLink::progress() {
+  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+  if (theirs_control_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
+  bool moved = progress_send();
+  moved |= progress_recv();
+  return moved;
+}
+
+std::string IpcLink::pending() const {
+  size_t send_left = 0, recv_left = 0;
+  for (const auto& s : sends_) send_left += s.bytes - s.done;
+  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
+  return str_cat("cuda_ipc link to rank ", peer_, " on ", mine_->device.str(), ": ", send_left,
+                 " bytes left to send, ", copying_.size(), " slots being copied, ", recv_left,
+                 " bytes left to receive");
+}
+
+void IpcLink::check_peer() {
+  auto* h = theirs_control_->header();
+  if (h->aborted.load(std::memory_order_acquire) != 0) {
+    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
+  }
+  PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
+}
+
+void IpcLink::abort() {
+  aborted_ = true;
+  mine_->control->header()->aborted.store(1, std::memory_order_seq_cst);
+}
+
+}  // namespace pyring

@@ -1,0 +1,120 @@
+// A Link that carries device memory to a process of the same host, several on one GPU included.
+//
+// Each rank registers, once at init, a device receive region with one inbox of `nslots` slots
+// per local sender, and publishes its IPC handle; the slot ring's control (head, tail, slot
+// lengths) lives in a small shared-memory segment of the receiver, read and written only by
+// the two progress threads (host code; no kernel ever spins on another process's flag).
+// - Send: a slot the receiver released is filled by a device copy, queued on the link's
+//   stream (the device queue's), into the receiver's inbox; once the stream raises this link's
+//   "copied" flag the slot is published (head).
+// - Receive: a published slot is handed to on_piece as device memory (the caller queues its
+//   kernels on the same stream) or copied to copy_to; once the stream raises the "read" flag
+//   behind that work, the slot is released (tail).
+// Pieces are cut at slot boundaries (multiples of kPieceAlign bytes), one message per slot.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "core/link.h"
+#include "core/types.h"
+#include "device/runtime.h"
+#include "transport/shm/shm_segment.h"
+
+namespace pyring {
+
+// The control segment's slot size: its slots are never used, only their lengths and counters.
+constexpr uint64_t kIpcControlSlotBytes = 8;
+
+// This rank's resources for the transport, made before the rendezvous (Transport::prepare).
+struct IpcState {
+  IpcState(Device device, uint32_t local_world, uint32_t nslots, size_t slot_bytes,
+           const std::string& control_name);
+  ~IpcState();
+  IpcState(const IpcState&) = delete;
+  IpcState& operator=(const IpcState&) = delete;
+
+  size_t inbox_offset(uint32_t from, uint32_t slot) const {
+    return (static_cast<size_t>(from) * nslots + slot) * slot_bytes;
+  }
+
+  Device device;
+  DeviceRuntime& rt;
+  uint32_t local_world;
+  uint32_t nslots;
+  size_t slot_bytes;
+  uint8_t* region = nullptr;  // device memory: local_world inboxes of nslots slots
+  IpcHandle handle;
+  std::shared_ptr<ShmSegment> control;  // nslots lengths, head and tail per inbox
+};
+
+// The stream and its owner the link queues its copies on.
+struct IpcStream {
+  StreamId stream = 0;
+  std::shared_ptr<void> owner;  // keeps the stream alive while the link is
+};
+
+class IpcLink final : public Link {
+ public:
+  // theirs_region: the peer's region, opened by ipc_open (closed by the destructor).
+  IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
+          std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region, IpcStream stream);
+  // Waits for the stream, then unmaps the peer's region and frees the flags.
+  ~IpcLink() override;
+
+  const char* kind() const override { return "cuda_ipc"; }
+  void post_send(const uint8_t* data, size_t bytes) override;
+  void post_recv(RecvSpec spec) override;
+  bool progress() override;
+  bool idle() const override { return sends_.empty() && copying_.empty() && recvs_.empty(); }
+  bool sending() const override { return !sends_.empty() || !copying_.empty(); }
+  std::string pending() const override;
+  void check_peer() override;
+  void abort() override;
+
+ private:
+  struct Send {
+    const uint8_t* data;
+    size_t bytes;
+    size_t done;
+  };
+  struct Recv {
+    RecvSpec spec;
+    size_t done;
+  };
+  struct Copy {  // a slot whose copy is queued, published once copied_ reaches `value`
+    uint64_t value;
+    uint32_t slot;
+    uint32_t len;
+  };
+  bool progress_send();
+  bool progress_recv();
+  int index() const { return mine_->device.index; }
+
+  std::shared_ptr<IpcState> mine_;
+  std::shared_ptr<ShmSegment> theirs_control_;
+  uint8_t* theirs_region_;
+  IpcStream stream_;
+  InboxControl* out_;  // in the peer's control segment
+  InboxControl* in_;   // in this rank's
+  uint32_t my_local_;
+  uint32_t peer_local_;
+  Flag* flags_ = nullptr;  // [0] copied: copies into the peer's slots; [1] read: this rank's reads
+  uint64_t copies_queued_ = 0;
+  uint64_t reads_queued_ = 0;
+  uint64_t head_ = 0;       // slots whose copy is queued
+  uint64_t published_ = 0;  // slots published to the peer
+  uint64_t tail_seen_ = 0;  // last observed peer tail
+  uint64_t tail_ = 0;       // next slot to read from the peer
+  uint64_t head_seen_ = 0;  // last observed peer head
+  uint64_t released_ = 0;   // slots released to the peer
+  size_t slot_offset_ = 0;  // bytes of slot tail_ already handed on
+  std::deque<Send> sends_;
+  std::deque<Copy> copying_;
+  std::deque<Recv> recvs_;
+  std::deque<uint64_t> reading_;  // read-flag values after which the next slots are free
+  bool aborted_ = false;
+};
+
+}  // namespace pyring
