@@ -31,7 +31,7 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
     else:
         kind, index = device.split(":")
         prepared = _C.prepare_device_transports(KIND_NAMES.index(kind), int(index), local_world,
-                                                cfg.segment_bytes, name)
+                                                cfg.device_segment_bytes, name)
         why = "; ".join(f"{t}: {e}" for t, e in prepared.refused.items())
     try:
         mine = {"host": rendezvous.host_key(),

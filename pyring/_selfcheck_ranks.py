@@ -15,8 +15,10 @@ from typing import Any, Callable
 MIB = 1 << 20
 KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
 # (world, library) in the order they run; "copies": a pinned D2H then H2D of the buffer.
-ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, "gloo"),
-                  (4, "pyring"), (4, "gloo"))
+# "pyring" binds each rank to cuda:0 at init (cuda_ipc, the ring on the device);
+# "pyring-staged" binds at the first call (staged through pinned host memory).
+ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, "pyring-staged"),
+                  (2, "gloo"), (4, "pyring"), (4, "pyring-staged"), (4, "gloo"))
 
 
 def launch(world: int, fn: Callable, *args: Any, timeout: float, tests: Path) -> list[Any]:
@@ -99,7 +101,7 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
     """Per-iteration seconds of an in-place float32 sum on GPU 0, each call followed by
     torch.cuda.synchronize(). Every rank starts from ones, so after k calls every element is
     world**k (exact for world 1, 2, 4): "wrong" counts the others. lib "copies" times a
-    pinned D2H then H2D of the buffer with CUDA events instead."""
+    pinned D2H then H2D of the buffer, and a device-to-device copy, with CUDA events instead."""
     import torch
     import torch.distributed as dist
 
@@ -108,22 +110,30 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
     if lib == "copies":
         host = torch.empty(t.numel(), pin_memory=True)
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        d2h, h2d = [], []
+        other = torch.empty_like(t)
+        ev.append(torch.cuda.Event(enable_timing=True))
+        d2h, h2d, d2d = [], [], []
         for i in range(warmup + iters):
             ev[0].record()
             host.copy_(t, non_blocking=True)
             ev[1].record()
             t.copy_(host, non_blocking=True)
             ev[2].record()
-            ev[2].synchronize()
+            other.copy_(t)
+            ev[3].record()
+            ev[3].synchronize()
             if i >= warmup:
                 d2h.append(ev[0].elapsed_time(ev[1]) / 1e3)
                 h2d.append(ev[1].elapsed_time(ev[2]) / 1e3)
-        return {"d2h_s": d2h, "h2d_s": h2d}
-    if lib == "pyring":
+                d2d.append(ev[2].elapsed_time(ev[3]) / 1e3)
+        return {"d2h_s": d2h, "h2d_s": h2d, "d2d_s": d2d}
+    transport = None
+    if lib.startswith("pyring"):
         import pyring
 
-        comm = pyring.init(rank, world, store, timeout=timeout)
+        comm = pyring.init(rank, world, store, timeout=timeout,
+                           device=None if lib == "pyring-staged" else "cuda:0")
+        transport = comm._c.device_transport
         call: Callable[[], Any] = lambda: comm.all_reduce(t)  # noqa: E731
     else:
         dist.init_process_group(lib, store=store, rank=rank, world_size=world,
@@ -140,7 +150,8 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         call()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"times_s": times, "wrong": int((t != float(world) ** (warmup + iters)).sum())}
+    return {"times_s": times, "wrong": int((t != float(world) ** (warmup + iters)).sum()),
+            "device_transport": transport}
 
 
 def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str, Any]:
@@ -161,6 +172,7 @@ def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str,
         if lib == "copies":
             d2h, h2d = ranks[0]["d2h_s"], ranks[0]["h2d_s"]
             out["runs"][key] = {"d2h_s": statistics.median(d2h), "h2d_s": statistics.median(h2d),
+                                "d2d_s": statistics.median(ranks[0]["d2d_s"]),
                                 "time_s": statistics.median([x + y for x, y in zip(d2h, h2d)])}
             continue
         slowest = [max(r["times_s"][i] for r in ranks) for i in range(iters)]
@@ -168,13 +180,18 @@ def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str,
         out["runs"][key] = {"time_s": med, "min_s": min(slowest), "iters": iters,
                             "algbw_GBps": ALLREDUCE_BYTES / med / 1e9,
                             "busbw_GBps": ALLREDUCE_BYTES / med / 1e9 * 2 * (world - 1) / world,
-                            "wrong": sum(r["wrong"] for r in ranks)}
+                            "wrong": sum(r["wrong"] for r in ranks),
+                            "device_transport": ranks[0]["device_transport"]}
     t = {k: v.get("time_s") for k, v in out["runs"].items()}
     values = {}
     if t.get("pyring x2") and t.get("gloo x2"):
         values["gloo_over_pyring_w2"] = t["gloo x2"] / t["pyring x2"]
-    if t.get("pyring x2") and t.get("copies x1"):
-        values["pyring_over_copies_w2"] = t["pyring x2"] / t["copies x1"]
+    if t.get("pyring-staged x2") and t.get("copies x1"):
+        values["pyring_over_copies_w2"] = t["pyring-staged x2"] / t["copies x1"]
+    d2d = out["runs"].get("copies x1", {}).get("d2d_s")
+    if t.get("pyring x2") and d2d:
+        # The device ring at 2 ranks copies the buffer once to the peer and back in halves.
+        values["pyring_ipc_over_d2d_w2"] = t["pyring x2"] / d2d
     out["values"] = values
     bad = [k for k, v in out["runs"].items() if "error" in v or v.get("wrong")]
     if bad:

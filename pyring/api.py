@@ -97,7 +97,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
     spec = cfg.topology if isinstance(cfg.topology, str) else _as_lists(cfg.topology)
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
-          "gpu_path": pci.local_gpu_path() if spec == "auto" else None,
+          "gpu_path": _gpu_path(device) if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": cfg.link_model,
           "endpoints": {channel: _addresses(cfg, job_id, rank, channel, host_ip, lst)
                         for channel, lst in (("", listener), ("p2p", p2p_listener))},
@@ -165,6 +165,15 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
                         topology=topo, detail=cfg.debug == "DETAIL")
     comm.rendezvous_dropped = dropped
     return comm
+
+
+def _gpu_path(device: str | None) -> list[str] | None:
+    """The PCI path of the GPU this rank is bound to (init's device), else of the current
+    CUDA device; None for a rank bound to a device of another kind."""
+    if device is None:
+        return pci.local_gpu_path()
+    kind, index = device.split(":")
+    return pci.local_gpu_path(index=int(index)) if kind == "cuda" else None
 
 
 def _as_lists(spec: Any) -> Any:

@@ -14,6 +14,9 @@ from . import _C
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SEGMENT_BYTES = 256 * 1024
+# The device links' slot (cuda_ipc) unless segment_bytes is given: a device copy or kernel
+# costs microseconds to launch and signal, so its unit is larger than a host link's.
+DEFAULT_DEVICE_SEGMENT_BYTES = 2 << 20
 # "auto" lets the transport registry (csrc/transport/registry.cc) choose per pair; a name forces
 # that transport for every pair.
 TRANSPORTS: tuple[str, ...] = ("auto",) + tuple(_C.TRANSPORT_NAMES)
@@ -51,6 +54,8 @@ class Config:
     shm_copy: str = "auto"
     # TCP connections per tcp link; each direction's bytes go to them in turn, 64 KiB at a time
     socket_nstreams: int = 1
+    # the device links' slot size: segment_bytes when given, else DEFAULT_DEVICE_SEGMENT_BYTES
+    device_segment_bytes: int = DEFAULT_DEVICE_SEGMENT_BYTES
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -140,6 +145,8 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     else:
         seg = DEFAULT_SEGMENT_BYTES
     seg -= seg % 8
+    given_seg = segment_bytes is not None or bool(env.get("PYRING_SEGMENT_BYTES"))
+    device_seg = seg if given_seg else DEFAULT_DEVICE_SEGMENT_BYTES
     if transport is not None:
         trans = _choice("init(transport=...)", transport, TRANSPORTS)
     else:
@@ -176,4 +183,4 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
                          f"{MAX_SOCKET_NSTREAMS} TCP connections per link)")
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
                   topology, topology_source, model, given, single_bytes, int(flight), shm_copy,
-                  int(nstreams))
+                  int(nstreams), device_seg)

@@ -50,15 +50,16 @@ def pci_path(bus_id: str, sysfs_root: str = "/sys") -> list[str]:
     return [f"numa{node}" if node >= 0 else parts[0]] + parts
 
 
-def local_gpu_path(sysfs_root: str = "/sys") -> list[str] | None:
-    """pci_path() of this process's current CUDA device; None without CUDA, without the PCI
-    ids in torch's device properties, or on any error."""
+def local_gpu_path(sysfs_root: str = "/sys", index: int | None = None) -> list[str] | None:
+    """pci_path() of CUDA device ``index`` (None: this process's current one); None without
+    CUDA, without the PCI ids in torch's device properties, or on any error."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        dev = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(dev)
         ids = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
         if not all(isinstance(i, int) for i in ids):
             return None
