@@ -121,7 +121,7 @@ def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> 
     device = rank_device(args.device, local_rank, args.ranks_per_gpu)
     print(f"rank {rank}: {describe_device(device, args.ranks_per_gpu, args.threads)}",
           flush=True)
-    comm = connect(args.sync, rank, world, port, args.timeout)
+    comm = connect(args.sync, rank, world, port, args.timeout, device)
     if args.sync == "ddp-pyring":
         comm = pyring_comm_of_default_group()
 

@@ -77,15 +77,18 @@ def describe_device(dev: torch.device, ranks_per_gpu: int, threads: int) -> str:
     return f"cpu, {threads} torch thread(s)"
 
 
-def connect(sync: str, rank: int, world: int, port: int | None, timeout: float) -> Any:
-    """Joins the job; returns the pyring Communicator for --sync pyring, else None (the
-    default process group is then set up)."""
+def connect(sync: str, rank: int, world: int, port: int | None, timeout: float,
+            device: torch.device | None = None) -> Any:
+    """Joins the job; returns the pyring Communicator for --sync pyring, bound to ``device``
+    when it is a GPU (so that ranks of one host exchange device to device over cuda_ipc),
+    else None (the default process group is then set up)."""
     td = datetime.timedelta(seconds=timeout)
     store = None if port is None else dist.TCPStore(
         "127.0.0.1", port, world + 1, is_master=False, timeout=td)
     if sync == "pyring":
-        return (pyring.init(timeout=timeout) if store is None
-                else pyring.init(rank, world, store, timeout=timeout))
+        bound = device if device is not None and device.type == "cuda" else None
+        return (pyring.init(timeout=timeout, device=bound) if store is None
+                else pyring.init(rank, world, store, timeout=timeout, device=bound))
     kw = {} if store is None else {"store": store, "rank": rank, "world_size": world}
     dist.init_process_group("pyring" if sync == "ddp-pyring" else "gloo", timeout=td, **kw)
     return None

@@ -37,13 +37,19 @@ def device_name_of(device: Any) -> str | None:
     device buffers). Takes a torch.device or a 'KIND:INDEX' string; ValueError otherwise."""
     if device is None:
         return None
+    if device == "cuda":  # PYRING_DEVICE=cuda: the current CUDA device (torch.cuda.set_device)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("init: device='cuda' but torch sees no CUDA device")
+        return f"cuda:{torch.cuda.current_device()}"
     kind, index = getattr(device, "type", None), getattr(device, "index", None)
     if kind is None and isinstance(device, str):
         kind, _, idx = device.partition(":")
         index = int(idx) if idx.isdigit() else None
     if kind not in KIND_NAMES[1:] or not isinstance(index, int):
-        raise ValueError(f"init: device={device!r} is not valid (valid: 'cuda:N', a "
-                         f"torch.device with an index, or None)")
+        raise ValueError(f"init: device={device!r} is not valid (valid: 'cuda:N', 'cuda' "
+                         f"(the current CUDA device), a torch.device with an index, or None)")
     return f"{kind}:{index}"
 
 

@@ -46,8 +46,10 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
     rendezvous, GPUs by their PCIe tree), 'flat', or explicit: '0,1;2,3|4,5;6,7' or nested
     lists (default PYRING_TOPOLOGY); every rank must pass the same. ``link_model`` overrides
     the selector's alpha-beta figures: {'tcp': (alpha_us, GB/s)} or 'tcp=25/2.9' (default
-    PYRING_LINK_MODEL). ``device`` ('cuda:1', a torch.device, or None: the device of the first
-    call on device buffers) is the device this rank's device buffers must be on. The first
+    PYRING_LINK_MODEL). ``device`` ('cuda:1', 'cuda' for the current CUDA device, a
+    torch.device, or None: PYRING_DEVICE, else the device of the first call on device
+    buffers) is the device this rank's device buffers must be on; bound at init, ranks of one
+    host exchange device buffers device to device (cuda_ipc). The first
     communicator becomes the default one.
     """
     global _default
@@ -59,7 +61,8 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
         raise ValueError(f"init: world_size must be a positive int, got {world!r}")
     if not (isinstance(rank, int) and 0 <= rank < world):
         raise ValueError(f"init: rank {rank!r} is out of range for world_size {world}")
-    bound = device_name_of(device)
+    bound = device_name_of(device if device is not None else
+                           os.environ.get("PYRING_DEVICE") or None)
     comm = _connect(meeting, cfg, bound)
     comm.device = bound
     _live.add(comm)

@@ -105,3 +105,15 @@ def dying_body(rank, world, store):
 def test_dead_peer_fails_the_device_collective():
     msg = run_ranks(2, dying_body, timeout=120, allow_failures=True)[0]
     assert "rank 1" in str(msg) and ("died" in str(msg) or "gave up" in str(msg)), msg
+
+
+def env_body(rank, world, store):
+    import pyring
+
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        return comm.device, comm._c.device_transport
+
+
+def test_pyring_device_binds_at_init():
+    for got in run_ranks(2, env_body, env={"PYRING_DEVICE": "sim:0"}, timeout=60):
+        assert tuple(got) == ("sim:0", "cuda_ipc"), got
