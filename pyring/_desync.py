@@ -21,7 +21,7 @@ from .errors import DesyncError
 
 KINDS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
          "reduce", "gather", "scatter", "all_to_all_single", "all_to_all")
-WIRES = ("fp32", "fp16", "bf16", "onebit")
+WIRES: tuple[str, ...] = tuple(_C.WIRE_NAMES)
 OPS: tuple[str, ...] = tuple(_C.OP_NAMES)  # index = the core's op code
 _FIELDS = 8
 _INT64 = DTYPE_NAMES.index("int64")

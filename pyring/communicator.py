@@ -109,6 +109,14 @@ class Communicator(PointToPoint):
             self._device_tuple = dev
         return dev
 
+    @staticmethod
+    def _algo_code(algo: str | None) -> int:
+        if algo is None:
+            return -1
+        if algo in ALGOS:
+            return ALGOS.index(algo)
+        raise ValueError(f"all_reduce: algo={algo!r} is not valid (valid: {', '.join(ALGOS)})")
+
     def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False,
                    out: Any = None, algo: str | None = None, wire: str = "fp32",
                    state: Any = None) -> Work | None:
@@ -116,31 +124,29 @@ class Communicator(PointToPoint):
         ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
         rank must pass the same. ``wire`` 'fp16', 'bf16' or 'onebit' (with ``state``, a
         pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
-        'sum' or 'avg' of floating torch tensors, run synchronously; ``algo`` then picks the
-        hierarchical schedule ('auto', 'tree') or the flat one ('ring', 'direct')."""
+        'sum' or 'avg' of floating torch tensors, one collective like any other (async_op
+        applies); ``algo`` then lets the selector go hierarchical ('auto', 'tree') or keeps
+        the flat schedule ('ring', 'direct')."""
         code = op_code(op, "all_reduce")
-        if algo is None:
-            algo_code = -1
-        elif algo in ALGOS:
-            algo_code = ALGOS.index(algo)
-        else:
-            raise ValueError(f"all_reduce: algo={algo!r} is not valid "
-                             f"(valid: {', '.join(ALGOS)})")
+        algo_code = self._algo_code(algo)
         if wire != "fp32":
-            from .compression import all_reduce_wire, check_wire_call
+            from .compression import check_wire_call
 
-            check_wire_call(tensor, op, wire, state, out)
-            if async_op:
-                raise ValueError(f"all_reduce: wire={wire!r} runs synchronously on its own "
-                                 f"schedule; async_op does not apply")
-            if self._detail:
-                self._check("all_reduce", tensor.numel(), _desync.dtype_code(tensor.dtype),
-                            code, -1, algo, wire)
+            check_wire_call(tensor, wire, state, out)
             if out is not None and out is not tensor:
+                dst = view_of(out, "all_reduce", "out", writable=True, devices=True)
+                src = view_of(tensor, "all_reduce", "tensor", devices=True)
+                check_same_dtype("all_reduce", src, dst, "tensor", "out")
+                if dst.count != src.count:
+                    raise ValueError(f"all_reduce: out has {dst.count} elements but tensor has "
+                                     f"{src.count}")
+                if overlaps(src, dst):
+                    raise ValueError("all_reduce: out shares memory with tensor; pass out=None "
+                                     "to reduce in place")
+                self._on_device("all_reduce", [src, dst], ["tensor", "out"])
                 out.copy_(tensor)
                 tensor = out
-            self._nested(all_reduce_wire, self, tensor, op, wire, state, algo)
-            return None
+            return self._all_reduce_wire(tensor, op, wire, state, 0, async_op, algo)
         src = view_of(tensor, "all_reduce", "tensor", writable=out is None, devices=True)
         if out is None:
             out, dst = tensor, src
@@ -162,6 +168,39 @@ class Communicator(PointToPoint):
         w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
+        return None
+
+    def _all_reduce_wire(self, tensor: Any, op: Any, wire: str, state: Any, exact_tail: int,
+                         async_op: bool, algo: str | None) -> Work | None:
+        """All_reduce on a compressed wire, in place: one call into the core
+        (pyring/compression.py). A non-contiguous tensor goes through a contiguous copy,
+        synchronously."""
+        import torch
+
+        from .compression import WIRES
+
+        code = op_code(op, "all_reduce")
+        algo_code = self._algo_code(algo)
+        if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+            if async_op:
+                raise ValueError(f"all_reduce: wire={wire!r} with async_op needs a contiguous "
+                                 f"tensor")
+            flat = tensor.contiguous()
+            self._all_reduce_wire(flat, op, wire, state, exact_tail, False, algo)
+            tensor.copy_(flat)
+            return None
+        v = view_of(tensor, "all_reduce", "tensor", writable=True, devices=True)
+        if not 0 <= exact_tail <= v.count:
+            raise ValueError(f"all_reduce: exact_tail={exact_tail} is not within the tensor's "
+                             f"{v.count} elements")
+        if self._detail:
+            self._check("all_reduce", v.count, v.dtype, code, -1, algo or "auto", wire)
+        core_state = state._core if state is not None else None
+        dev = self._on_device("all_reduce", [v], ["tensor"])
+        w = self._c.all_reduce_wire(v.ptr, v.count, v.dtype, code, WIRES.index(wire), core_state,
+                                    exact_tail, async_op, algo_code, dev)
+        if async_op or self._inflight or dev is not None:
+            return self._launch(tensor, (tensor, state), async_op, w)
         return None
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:

@@ -46,26 +46,18 @@ def allreduce_hook(state: Any, bucket):
     return comm.all_reduce(bucket.buffer(), op="avg", async_op=True).get_future()
 
 
-def _completed(value: Any) -> Any:
-    import torch
-
-    fut = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
-    fut.set_result(value)
-    return fut
-
-
 def _compress_hook(state: Any, bucket, wire: str):
     comm = _communicator(state)
     buf = bucket.buffer()
-    all_reduce_wire(comm, buf, "avg", wire)
-    return _completed(buf)
+    return all_reduce_wire(comm, buf, "avg", wire, async_op=True).get_future()
 
 
 def fp16_compress_hook(state: Any, bucket):
     """DDP comm hook with torch's name: the bucket travels as float16, half the bytes of
     float32, on the compressed schedule of pyring/compression.py (rounded to float16 twice,
-    added in float32 once; torch's hook over gloo adds in float16 at every hop). It runs when
-    DDP hands it the bucket and returns a completed future whose value is the averaged bucket.
+    added in float32 once; torch's hook over gloo adds in float16 at every hop). It queues one
+    collective and returns at once a future whose value is the averaged bucket, so DDP goes
+    on with the backward of the next bucket while this one travels.
     ``state`` as for :func:`allreduce_hook`; works whatever DDP's own process group is."""
     return _compress_hook(state, bucket, "fp16")
 
@@ -101,13 +93,12 @@ class OneBitHookState:
 def onebit_hook(state: OneBitHookState, bucket):
     """DDP comm hook: averages the bucket on the one-bit wire with error feedback (signs and a
     scale per chunk; pyring/compression.py), about 1/32 of float32's bytes. ``state`` is a
-    :class:`OneBitHookState`, one per DDP model. Returns a completed future whose value is the
-    averaged bucket."""
+    :class:`OneBitHookState`, one per DDP model. Queues one collective and returns at once a
+    future whose value is the averaged bucket."""
     if not isinstance(state, OneBitHookState):
         raise TypeError(f"pyring.hooks.onebit_hook: state must be a "
                         f"pyring.hooks.OneBitHookState, got {type(state).__name__}")
     comm = _communicator(state.comm)
     buf = bucket.buffer()
     # DDP rebuilds its buckets after the first iteration: a bucket is its index and size.
-    state.exchange.average(comm, buf, (bucket.index(), buf.numel()))
-    return _completed(buf)
+    return state.exchange.average(comm, buf, (bucket.index(), buf.numel())).get_future()

@@ -51,6 +51,9 @@ void register_p2p(CommunicatorClass& cls);
 // Links that carry device memory, made at init (device_links_binding.cc).
 void register_device_links(CommunicatorClass& cls, py::module_& m);
 
+// The compressed allreduce and its state (wire_binding.cc).
+void register_wire(CommunicatorClass& cls, py::module_& m);
+
 // Adds fast_all_reduce, the short path of a synchronous in-place all_reduce (fast_call.cc).
 void register_fast_call(CommunicatorClass& cls);
 

@@ -410,6 +410,7 @@ void register_communicator(py::module_& m) {
   register_p2p(cls);
   register_fast_call(cls);
   register_device_links(cls, m);
+  register_wire(cls, m);
 }
 
 }  // namespace pyring::bindings

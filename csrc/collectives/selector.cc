@@ -224,6 +224,39 @@ void allgather(Communicator& comm, const BufferView& in, const BufferView& out, 
   ring_allgather(comm, in, out, deadline);
 }
 
+std::vector<std::vector<int>> compressed_groups(const Communicator& comm, Algo requested) {
+  const Topology& t = comm.topology();
+  std::vector<std::vector<int>> groups;
+  if (t.levels() > 0) groups = t.groups.back();
+  size_t largest = 0;
+  for (const auto& g : groups) largest = std::max(largest, g.size());
+  const bool several = groups.size() > 1 && largest > 1;
+  const bool tree = several && (requested == Algo::kAuto || requested == Algo::kTree);
+  return tree ? groups : std::vector<std::vector<int>>{};
+}
+
+std::vector<std::vector<int>> select_compressed(Communicator& comm, const char* wire,
+                                                size_t elements, Algo requested) {
+  std::vector<std::vector<int>> groups = compressed_groups(comm, requested);
+  const bool tree = !groups.empty();
+  const size_t top = comm.topology().levels() > 0 ? comm.topology().groups.back().size() : 1;
+  comm.count_call(tree ? Algo::kTree : Algo::kDirect);
+  comm.log_once(1, str_cat("compressed/", wire, "/", tree), [&] {
+    const std::string why =
+        tree ? str_cat(groups.size(),
+                       " top-level groups: each adds its ranks in full precision over its own "
+                       "links, and only its leader's compressed chunks cross between groups")
+        : top > 1 && comm.size() > static_cast<int>(top)
+            ? str_cat("algo ", algo_name(requested), " keeps every rank in the schedule")
+            : std::string(
+                  "one level of groups: every rank sends its compressed chunks "
+                  "straight to their owners");
+    return str_cat("all_reduce on wire ", wire, ", ", human_bytes(elements * 4),
+                   " of float32: ", tree ? "hierarchical" : "flat", " (", why, ")");
+  });
+  return groups;
+}
+
 void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes) {
   comm.count_call(Algo::kRing);
   if (comm.options().log_level < 1) return;

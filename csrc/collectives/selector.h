@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "collectives/header.h"
 #include "core/communicator.h"
@@ -30,6 +31,15 @@ Algo select_allreduce(Communicator& comm, size_t bytes, Algo requested);
 // Reduce-scatter and allgather of `bytes` (the full buffer): the tree on an even topology
 // when the communicator's algo is tree, or auto and the estimate favours it; else the ring.
 Algo select_gather_scatter(Communicator& comm, CollectiveKind kind, size_t bytes);
+
+// The compressed allreduce of `elements` on `wire` (collectives/compressed.h): the top-level
+// groups when it goes hierarchical (auto or tree, several groups, some of more than one
+// rank: full precision inside a group costs little beside the compressed bytes between
+// groups), else empty (flat). Counts the call (tree or direct) and logs why once.
+std::vector<std::vector<int>> select_compressed(Communicator& comm, const char* wire,
+                                                size_t elements, Algo requested);
+// The same choice, without counting or logging.
+std::vector<std::vector<int>> compressed_groups(const Communicator& comm, Algo requested);
 
 // Broadcast runs on the topology-ordered ring; this counts the call and logs why once.
 void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes);

@@ -1,0 +1,64 @@
+// Compressed allreduce: the fp16, bf16 and onebit wires, one collective of the core (one call,
+// one Work, on the progress thread).
+//
+// The schedule over P participants (every rank, or the top-level groups' leaders), for a
+// float32 vector x of n elements cut into P chunks (chunk j owned by participant j):
+// 1. each participant encodes its chunks (onebit adds the state's worker residual first and
+//    keeps what the encoding dropped in it) and sends chunk j to its owner;
+// 2. the owner decodes the P copies of its chunk and adds them in float32, in participant
+//    order; avg scales by 1/world;
+// 3. it encodes the result again (onebit: the server residual) and sends it to every
+//    participant, which decodes every chunk into x.
+// Every participant ends with the same values. Hierarchical form (collectives/selector.h
+// chooses it): each rank first sends x to its group's leader, which adds them in float32
+// (full precision inside a group), the leaders run the schedule, and each leader sends the
+// result back to its group. A onebit payload is preceded by its size; fp16 and bf16 payloads
+// have a size both ends know. The last `exact_tail` elements (flags, counts) travel in full
+// precision: an ordinary allreduce in the same collective.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/communicator.h"
+#include "core/types.h"
+
+namespace pyring {
+
+enum class Wire : int { kFp32 = 0, kFp16 = 1, kBf16 = 2, kOnebit = 3 };
+constexpr int kNumWires = 4;
+const char* wire_name(Wire w);
+Wire wire_from_int(int v);  // throws InvalidArgument naming the valid wires
+
+// The error feedback of one bucket on the onebit wire, updated by the collective: residuals and
+// the mask caches of every stream of the schedule, laid out as
+// enc[P] (chunk sizes), recv[P] (own chunk), server (own chunk), gather[P] (chunk sizes).
+// Sized at first use for (n, participants, index); any other shape is refused.
+struct WireState {
+  std::vector<float> worker;   // n
+  std::vector<float> server;   // the owned chunk
+  std::vector<uint8_t> masks;  // the mask caches
+
+  // Allocates zeroed state for the shape, or checks the held one (restored from a checkpoint)
+  // matches it. Throws InvalidArgument naming both shapes.
+  void bind(size_t n, int participants, int index);
+  // Mask cache bytes of the shape.
+  static size_t mask_bytes(size_t n, int participants, int index);
+};
+
+// Validates a call before any byte moves, on the caller's thread: op sum or avg, a floating
+// dtype, exact_tail within the buffer, and for onebit a state, bound here to the shape this
+// rank's part of the schedule needs. Throws InvalidArgument.
+void check_compressed(const Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
+                      ReduceOp op, WireState* state, Algo algo);
+
+// x (dtype float32, float64, float16 or bfloat16; host memory) = sum or avg over every rank,
+// in place; the call was checked by check_compressed. `state` is required for (and only used by)
+// onebit. algo kAuto or kTree may go hierarchical; kRing and kDirect keep the flat schedule. The
+// fp32 wire is the ordinary allreduce.
+void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
+                          ReduceOp op, WireState* state, Algo algo, Deadline deadline);
+
+}  // namespace pyring

@@ -1,0 +1,113 @@
+"""The compressed allreduce is one asynchronous collective of the core: an async call returns
+before its peers have even arrived, one call makes one collective (one flight-recorder entry,
+exact tail included), the DDP hooks hand back pending futures, several buckets can be in
+flight at once, and CUDA-free device buffers (the sim device) take the same path."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from multiproc import run_ranks
+
+import pyring
+from pyring.compression import GradientExchange, all_reduce_wire
+
+
+def _pending(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    out = {}
+    for wire in ("bf16", "onebit"):
+        state = pyring.OneBitState() if wire == "onebit" else None
+        comm.barrier()
+        x = torch.full((100_003,), float(rank + 1))
+        before = len(comm.debug_dump())
+        if rank == 1:
+            time.sleep(0.5)  # rank 0's call must return without waiting for this rank
+        t0 = time.perf_counter()
+        w = all_reduce_wire(comm, x, "sum", wire, state, async_op=True)
+        returned = time.perf_counter() - t0
+        pending = not w.is_completed()
+        assert w.wait()
+        fut_value = w.get_future().wait()
+        entries = comm.debug_dump()[before:]
+        out[wire] = (returned, pending, float(x[0]), fut_value is x,
+                     [(e["kind"], e["state"]) for e in entries])
+    # Several buckets in flight at once, each with an exact tail, completing in order.
+    ex = GradientExchange("onebit")
+    bufs = [torch.full((5000 + k,), float(rank + k)) for k in range(4)]
+    for b in bufs:
+        b[-2:] = torch.tensor([float(rank), 1.0])
+    works = [ex.average(comm, b, k, exact_tail=2) for k, b in enumerate(bufs)]
+    for w in works:
+        w.wait()
+    out["tails"] = [b[-2:].tolist() for b in bufs]
+    comm.close()
+    return out
+
+
+def test_async_wire_is_one_pending_collective():
+    results = run_ranks(2, _pending, timeout=120)
+    for wire in ("bf16", "onebit"):
+        returned, pending, value, same, entries = results[0][wire]
+        assert returned < 0.25 and pending, (wire, returned, pending)
+        assert value == 3.0 or wire == "onebit", (wire, value)
+        assert same
+        assert entries == [("all_reduce", "completed")], entries
+    for rank in range(2):
+        assert results[rank]["tails"] == [[0.5, 1.0]] * 4, results[rank]["tails"]
+
+
+def _hook_futures(rank, world, store):
+    from pyring import hooks
+
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+
+    class Bucket:
+        def __init__(self, buf, index):
+            self._buf, self._index = buf, index
+
+        def buffer(self):
+            return self._buf
+
+        def index(self):
+            return self._index
+
+    state = hooks.OneBitHookState(comm)
+    out = []
+    for k, hook in enumerate((hooks.fp16_compress_hook, hooks.bf16_compress_hook)):
+        comm.barrier()
+        if rank == 1:
+            time.sleep(0.3)
+        fut = hook(comm, Bucket(torch.full((4096,), float(rank + 1)), k))
+        out.append((hook.__name__, fut.done(), fut.wait().tolist()[:2]))
+    comm.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+    fut = hooks.onebit_hook(state, Bucket(torch.full((4096,), float(rank + 1)), 7))
+    out.append(("onebit", fut.done(), fut.wait().tolist()[:2]))
+    comm.close()
+    return out
+
+
+def test_hooks_return_pending_futures():
+    for name, done, value in run_ranks(2, _hook_futures, timeout=120)[0]:
+        assert not done, f"{name} returned a completed future: it blocked backward"
+        assert value == [1.5, 1.5], (name, value)
+
+
+def _sim(rank, world, store):
+    from pyring.testing.sim import SimArray
+
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    x = SimArray.from_tensor(torch.full((3001,), float(rank + 1)), 0)
+    w = comm.all_reduce(x, op="sum", wire="bf16", async_op=True)
+    w.wait()  # orders the current stream; the host goes on
+    got = x.to_host()[:3].tolist()
+    comm.close()
+    return got
+
+
+def test_device_buffers_take_the_same_collective():
+    for got in run_ranks(2, _sim, env={"PYRING_SIM_DELAY_US": "200"}, timeout=120):
+        assert got == [3.0, 3.0, 3.0], got
