@@ -372,9 +372,14 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
 
 
 def __getattr__(name: str) -> Any:
-    """``pyring.optim.OneBitAdam``, imported on first use (it needs torch)."""
+    """``pyring.optim.OneBitAdam`` and ``ZeroOneAdam``, imported on first use (they need
+    torch)."""
     if name == "OneBitAdam":
         from .onebit_adam import OneBitAdam
 
         return OneBitAdam
+    if name == "ZeroOneAdam":
+        from .zero_one_adam import ZeroOneAdam
+
+        return ZeroOneAdam
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

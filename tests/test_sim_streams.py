@@ -159,7 +159,7 @@ def refusals_body(rank, world, store):
         comm.all_reduce(a0)
         catch("other_device", lambda: comm.all_reduce(a1))
         catch("p2p", lambda: comm.send(a1, (rank + 1) % world))
-        catch("wire", lambda: comm.all_reduce(a0, wire="fp16"))
+        catch("wire", lambda: comm.all_reduce(a1, wire="fp16"))  # a wire checks devices too
         catch("sim_bad_index", lambda: sim.SimArray(8, torch.float32, 99))
 
         class FakeCuda:
@@ -205,7 +205,7 @@ def test_refusals_name_both_devices():
     assert out["other_device"].startswith("ValueError") and "sim:1" in out["other_device"] \
         and "uses sim:0" in out["other_device"], out["other_device"]
     assert out["p2p"].startswith("ValueError") and "uses sim:0" in out["p2p"], out["p2p"]
-    assert out["wire"].startswith("ValueError"), out["wire"]
+    assert out["wire"].startswith("ValueError") and "uses sim:0" in out["wire"], out["wire"]
     assert out["sim_bad_index"].startswith("ValueError") and "99" in out["sim_bad_index"]
     assert "CudaError" in out["cuda_without_cuda"] or "CUDA" in out["cuda_without_cuda"], \
         out["cuda_without_cuda"]
