@@ -145,6 +145,23 @@ def _plot(summary: dict, rows: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _results(q, procs, deadline: float) -> dict:
+    """Rank 0's rows; raises as soon as a rank dies without them (an error in a worker)."""
+    import queue
+
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                codes = [p.exitcode for p in procs]
+                why = f"a rank failed (exit codes {codes})" if dead else "timed out"
+                raise SystemExit(f"convergence: {why}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="digits")
@@ -184,7 +201,7 @@ def main() -> None:
              for r in range(world)]
     for p in procs:
         p.start()
-    rows = q.get(timeout=3600)
+    rows = _results(q, procs, deadline=time.monotonic() + 3600)
     for p in procs:
         p.join(60)
     base = rows["adamw_fp32"]
