@@ -8,6 +8,7 @@
 #include "collectives/exchange.h"
 #include "collectives/selector.h"
 #include "core/errors.h"
+#include "kernels/half.h"
 #include "kernels/onebit.h"
 #include "kernels/wire_cast.h"
 
@@ -31,17 +32,40 @@ size_t encode(Wire w, const float* in, float* residual, size_t n, uint8_t* out, 
   return 2 * n;
 }
 
+// out = alpha * decoded (or += with Acc), in one pass over the 16-bit values.
+template <class H, bool Acc>
+void decode_half(const uint8_t* enc, size_t n, float alpha, float* out) {
+  const H* h = reinterpret_cast<const H*>(enc);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = alpha * to_float(h[i]);
+    out[i] = Acc ? out[i] + v : v;
+  }
+}
+
 // out = alpha * decoded, or out += alpha * decoded.
 void decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
-            uint8_t* cache, std::vector<float>& tmp) {
+            uint8_t* cache) {
   if (w == Wire::kOnebit) return onebit_decode(enc, n, alpha, accumulate, out, cache);
-  tmp.resize(n);
-  wire_cast(half_of(w), DType::kFloat32, enc, tmp.data(), n);
-  if (accumulate) {
-    for (size_t i = 0; i < n; ++i) out[i] += alpha * tmp[i];
-  } else {
-    for (size_t i = 0; i < n; ++i) out[i] = alpha * tmp[i];
+  if (w == Wire::kBf16) {
+    return accumulate ? decode_half<BFloat16, true>(enc, n, alpha, out)
+                      : decode_half<BFloat16, false>(enc, n, alpha, out);
   }
+  return accumulate ? decode_half<Half, true>(enc, n, alpha, out)
+                    : decode_half<Half, false>(enc, n, alpha, out);
+}
+
+// Memory reused across calls on one thread, so that a call of a size seen before takes no
+// page faults (fresh vectors of tens of MiB cost more than the codec). Grown, never shrunk.
+struct Buffers {
+  std::vector<uint8_t> send, recv, mine, gathered;
+  std::vector<float> acc, wide, parts;
+};
+thread_local Buffers buffers;
+
+template <class T>
+std::vector<T>& grown(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v;
 }
 
 // The mask cache of every stream, in WireState's layout.
@@ -121,11 +145,10 @@ void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts,
     c = split(*state, n, static_cast<int>(P), me);
   }
   auto cache = [&](const std::vector<uint8_t*>& v, size_t k) { return v.empty() ? nullptr : v[k]; };
-  std::vector<float> tmp;
   // 1. Every chunk encoded, each to its owner.
   std::vector<size_t> at(P + 1, 0);
   for (size_t j = 0; j < P; ++j) at[j + 1] = at[j] + max_bytes(wire, ch.size(j));
-  std::vector<uint8_t> send(at[P]);
+  std::vector<uint8_t>& send = grown(buffers.send, at[P]);
   std::vector<uint64_t> sizes(P);
   for (size_t j = 0; j < P; ++j) {
     float* residual = wire == Wire::kOnebit ? state->worker.data() + ch.offset(j) : nullptr;
@@ -137,7 +160,7 @@ void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts,
   incoming[m] = sizes[m];
   std::vector<size_t> rat(P + 1, 0);
   for (size_t i = 0; i < P; ++i) rat[i + 1] = rat[i] + incoming[i];
-  std::vector<uint8_t> recv(rat[P]);
+  std::vector<uint8_t>& recv = grown(buffers.recv, rat[P]);
   std::vector<Span> in, out;
   for (size_t k = 0; k < P; ++k) {
     in.push_back(Span{send.data() + at[k], sizes[k]});
@@ -146,12 +169,12 @@ void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts,
   std::memcpy(recv.data() + rat[m], send.data() + at[m], sizes[m]);
   swap(comm, parts, in, out, deadline);
   // 2. The owner adds the copies of its chunk in float32, in participant order.
-  std::vector<float> acc(own, 0.0f);
+  std::vector<float>& acc = grown(buffers.acc, own);
   for (size_t i = 0; i < P; ++i) {
-    decode(wire, recv.data() + rat[i], own, alpha, true, acc.data(), cache(c.recv, i), tmp);
+    decode(wire, recv.data() + rat[i], own, alpha, i > 0, acc.data(), cache(c.recv, i));
   }
   // 3. Encoded again, to every participant, and every chunk decoded into x.
-  std::vector<uint8_t> mine(max_bytes(wire, own));
+  std::vector<uint8_t>& mine = grown(buffers.mine, max_bytes(wire, own));
   const uint64_t mine_bytes =
       encode(wire, acc.data(), wire == Wire::kOnebit ? state->server.data() : nullptr, own,
              mine.data(), c.server);
@@ -162,7 +185,7 @@ void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts,
   back[m] = mine_bytes;
   std::vector<size_t> bat(P + 1, 0);
   for (size_t j = 0; j < P; ++j) bat[j + 1] = bat[j] + back[j];
-  std::vector<uint8_t> gathered(bat[P]);
+  std::vector<uint8_t>& gathered = grown(buffers.gathered, bat[P]);
   in.assign(P, Span{mine.data(), mine_bytes});
   out.clear();
   for (size_t j = 0; j < P; ++j) out.push_back(Span{gathered.data() + bat[j], back[j]});
@@ -170,7 +193,7 @@ void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts,
   std::memcpy(gathered.data() + bat[m], mine.data(), mine_bytes);
   for (size_t j = 0; j < P; ++j) {
     decode(wire, gathered.data() + bat[j], ch.size(j), 1.0f, false, x + ch.offset(j),
-           cache(c.gather, j), tmp);
+           cache(c.gather, j));
   }
   (void)own_off;
 }
@@ -204,7 +227,7 @@ void hierarchical(Communicator& comm, float* x, size_t n,
     return;
   }
   const size_t members = group->size() - 1;
-  std::vector<float> parts(members * n);
+  std::vector<float>& parts = grown(buffers.parts, members * n);
   {
     Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
     for (size_t k = 0; k < members; ++k) {
@@ -289,11 +312,9 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
   const size_t head = x.count - exact_tail;
   if (comm.size() == 1) return;  // sum and avg over one rank
   const std::vector<std::vector<int>> groups = select_compressed(comm, wire_name(wire), head, algo);
-  std::vector<float> wide;
   float* f = static_cast<float*>(x.data);
   if (dt != DType::kFloat32) {
-    wide.resize(head);
-    f = wide.data();
+    f = grown(buffers.wide, head).data();
     if (dt == DType::kFloat64) {
       const double* d = static_cast<const double*>(x.data);
       for (size_t i = 0; i < head; ++i) f[i] = static_cast<float>(d[i]);

@@ -44,11 +44,12 @@ PYRING_HD float to_float(BFloat16 h) {
   return bits_to_float(static_cast<uint32_t>(h.bits) << 16);
 }
 
+// Branch-free, so that host loops over it vectorize: NaN stays a quiet NaN.
 PYRING_HD BFloat16 to_bfloat16(float f) {
-  uint32_t u = float_to_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return BFloat16{static_cast<uint16_t>(u >> 16)};
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return BFloat16{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
 }
 
 PYRING_HD float to_float(Half h) {

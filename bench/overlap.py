@@ -1,0 +1,154 @@
+"""Does a compressed DDP hook overlap backward? Two emulated hosts of one rank each over a
+shaped link; DDP (gloo for its own setup) on the main job's CharGPT, its buckets averaged by
+a pyring hook. Three timings per hook, interleaved over rounds, medians of the slowest rank:
+
+- ``compute``: forward and backward under ``no_sync()`` (no exchange);
+- ``exchange``: the same buckets (sizes recorded from a hooked step) averaged one after the
+  other on the hook's wire, with nothing else running;
+- ``step``: forward and backward with the hook, until DDP has the averaged gradients.
+
+    python bench/overlap.py [--rate 100mbit] [--hooks onebit,bf16] [--rounds 5] [--tag NAME]
+
+Target (issue 26): step <= 0.75 x (compute + exchange), at a rate where the exchange takes
+0.5x to 2x the compute. Writes bench/results/overlap_<rate>_<tag>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rank(cfg: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import pyring
+    from pyring import hooks
+    from pyring._emulate import report
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train import CharGPT
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    comm = pyring.init(set_default=False)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, 256, (cfg["batch"], cfg["seq"] + 1), generator=g)
+    out: dict = {}
+    for name in cfg["hooks"]:
+        state = hooks.OneBitHookState(comm) if name == "onebit" else comm
+        hook = {"onebit": hooks.onebit_hook, "bf16": hooks.bf16_compress_hook,
+                "fp16": hooks.fp16_compress_hook, "fp32": hooks.allreduce_hook}[name]
+        sizes: list[int] = []
+
+        def recording(st, bucket, hook=hook, sizes=sizes):
+            sizes.append(bucket.buffer().numel())
+            return hook(st, bucket)
+
+        torch.manual_seed(0)  # one DDP per hook: a DDP takes one hook
+        model = DDP(CharGPT(cfg["dim"], cfg["layers"], 4, cfg["seq"]),
+                    bucket_cap_mb=cfg["bucket_mb"])
+        model.register_comm_hook(state, recording)
+        model(x[:, :-1], x[:, 1:]).backward()  # DDP rebuilds its buckets after this one
+        sizes.clear()
+        model(x[:, :-1], x[:, 1:]).backward()
+        bucket_sizes = list(sizes)
+        bufs = [torch.randn(n, generator=g) for n in bucket_sizes]
+        ex = pyring.GradientExchange("onebit" if name == "onebit" else "none")
+        wire = {"bf16": "bf16", "fp16": "fp16"}.get(name)
+        t = {"compute": [], "exchange": [], "step": []}
+        for r in range(cfg["rounds"] + 1):
+            comm.barrier()
+            t0 = time.perf_counter()
+            with model.no_sync():
+                model(x[:, :-1], x[:, 1:]).backward()
+            t1 = time.perf_counter()
+            comm.barrier()
+            t2 = time.perf_counter()
+            for k, b in enumerate(bufs):
+                if wire:
+                    comm.all_reduce(b, op="avg", wire=wire)
+                else:
+                    ex.average(comm, b, k).wait()
+            t3 = time.perf_counter()
+            comm.barrier()
+            t4 = time.perf_counter()
+            model(x[:, :-1], x[:, 1:]).backward()
+            t5 = time.perf_counter()
+            if r:
+                t["compute"].append(t1 - t0)
+                t["exchange"].append(t3 - t2)
+                t["step"].append(t5 - t4)
+        out[name] = {"times_s": t, "buckets": bucket_sizes}
+    comm.close()
+    dist.destroy_process_group()
+    report(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="100mbit")
+    p.add_argument("--hooks", default="onebit,bf16")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--bucket-mb", type=float, default=1.0)
+    p.add_argument("--tag", default=socket.gethostname())
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return _rank(json.loads(args.worker))
+    from pyring._emulate import EmulatedHosts
+
+    cfg = {"hooks": args.hooks.split(","), "rounds": args.rounds, "dim": args.dim,
+           "layers": args.layers, "seq": args.seq, "batch": args.batch,
+           "bucket_mb": args.bucket_mb}
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+    with EmulatedHosts(hosts=2, rate=args.rate) as hosts:
+        ranks = hosts.run(1, argv, timeout=1800, env={"PYTHONPATH": str(ROOT)})
+        link = hosts.link
+    summary = {}
+    for name in cfg["hooks"]:
+        med = {}
+        for k in ("compute", "exchange", "step"):
+            slowest = [max(r[name]["times_s"][k][i] for r in ranks) for i in range(args.rounds)]
+            med[k] = statistics.median(slowest)
+        ratio = med["step"] / (med["compute"] + med["exchange"])
+        balance = med["exchange"] / med["compute"]
+        summary[name] = {**{f"{k}_s": v for k, v in med.items()}, "step_over_sum": ratio,
+                         "exchange_over_compute": balance,
+                         "buckets": ranks[0][name]["buckets"]}
+        print(f"{name:>7s} @ {args.rate}: compute {med['compute'] * 1e3:8.1f} ms  exchange "
+              f"{med['exchange'] * 1e3:8.1f} ms  step {med['step'] * 1e3:8.1f} ms  "
+              f"step/(compute+exchange) {ratio:.2f}  exchange/compute {balance:.2f}")
+    targets = {f"{n}: step <= 0.75 x (compute + exchange)": s["step_over_sum"] <= 0.75
+               for n, s in summary.items()}
+    print(json.dumps(targets, indent=1))
+    out = ROOT / "bench" / "results" / f"overlap_{args.rate}_{args.tag}.json"
+    out.write_text(json.dumps({"machine": describe(), "command": " ".join(["python"] + sys.argv),
+                               "link": link, "config": cfg, "summary": summary,
+                               "targets": targets, "per_rank": ranks}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
