@@ -111,3 +111,22 @@ def _sim(rank, world, store):
 def test_device_buffers_take_the_same_collective():
     for got in run_ranks(2, _sim, env={"PYRING_SIM_DELAY_US": "200"}, timeout=120):
         assert got == [3.0, 3.0, 3.0], got
+
+
+def _segments(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    n = world * 1_200_001  # chunks of two segments (compressed_half.h), the last one short
+    base = torch.arange(n) % 7
+    out = {}
+    for wire in ("bf16", "fp16"):
+        x = (base + rank).to(torch.float32)
+        comm.all_reduce(x, op="sum", wire=wire)
+        want = (base * world + sum(range(world))).to(torch.float32)
+        out[wire] = int((x != want).sum())
+    comm.close()
+    return out
+
+
+def test_half_wires_pipelined_by_segment_are_exact():
+    for got in run_ranks(3, _segments, timeout=300):
+        assert got == {"bf16": 0, "fp16": 0}, got

@@ -4,11 +4,11 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "collectives/compressed_half.h"
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
 #include "collectives/selector.h"
 #include "core/errors.h"
-#include "kernels/half.h"
 #include "kernels/onebit.h"
 #include "kernels/wire_cast.h"
 
@@ -18,40 +18,20 @@ namespace {
 
 constexpr const char* kWireNames[kNumWires] = {"fp32", "fp16", "bf16", "onebit"};
 
-DType half_of(Wire w) {
-  return w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16;
-}
-
 size_t max_bytes(Wire w, size_t n) {
   return w == Wire::kOnebit ? onebit_max_bytes(n) : 2 * n;
 }
 
 size_t encode(Wire w, const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
   if (w == Wire::kOnebit) return onebit_encode(in, residual, n, out, cache);
-  wire_cast(DType::kFloat32, half_of(w), in, out, n);
-  return 2 * n;
-}
-
-// out = alpha * decoded (or += with Acc), in one pass over the 16-bit values.
-template <class H, bool Acc>
-void decode_half(const uint8_t* enc, size_t n, float alpha, float* out) {
-  const H* h = reinterpret_cast<const H*>(enc);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = alpha * to_float(h[i]);
-    out[i] = Acc ? out[i] + v : v;
-  }
+  return half_encode(w, in, n, out);
 }
 
 // out = alpha * decoded, or out += alpha * decoded.
 void decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
             uint8_t* cache) {
   if (w == Wire::kOnebit) return onebit_decode(enc, n, alpha, accumulate, out, cache);
-  if (w == Wire::kBf16) {
-    return accumulate ? decode_half<BFloat16, true>(enc, n, alpha, out)
-                      : decode_half<BFloat16, false>(enc, n, alpha, out);
-  }
-  return accumulate ? decode_half<Half, true>(enc, n, alpha, out)
-                    : decode_half<Half, false>(enc, n, alpha, out);
+  half_decode(w, enc, n, alpha, accumulate, out);
 }
 
 // Memory reused across calls on one thread, so that a call of a size seen before takes no
@@ -136,6 +116,10 @@ std::vector<uint64_t> swap_sizes(Communicator& comm, const std::vector<int>& par
 // The schedule of compressed.h over `parts` (this rank is parts[me]), on x in place.
 void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me, Wire wire,
           float alpha, WireState* state, Deadline deadline) {
+  if (wire != Wire::kOnebit) {
+    return half_flat(comm, x, n, parts, me, wire, alpha, buffers.send, buffers.recv,
+                     buffers.gathered, buffers.acc, deadline);
+  }
   const size_t P = parts.size(), m = static_cast<size_t>(me);
   const Chunks ch{n, P};
   const size_t own = ch.size(m), own_off = ch.offset(m);

@@ -1,0 +1,121 @@
+#include "collectives/compressed_half.h"
+
+#include <memory>
+
+#include "collectives/driver.h"
+#include "collectives/exchange.h"
+#include "kernels/half.h"
+#include "kernels/wire_cast.h"
+
+namespace pyring {
+
+namespace {
+
+template <class H, bool Acc>
+void decode_typed(const uint8_t* enc, size_t n, float alpha, float* out) {
+  const H* h = reinterpret_cast<const H*>(enc);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = alpha * to_float(h[i]);
+    out[i] = Acc ? out[i] + v : v;
+  }
+}
+
+template <class T>
+T* grown(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out) {
+  if (w == Wire::kBf16) {
+    return accumulate ? decode_typed<BFloat16, true>(enc, n, alpha, out)
+                      : decode_typed<BFloat16, false>(enc, n, alpha, out);
+  }
+  return accumulate ? decode_typed<Half, true>(enc, n, alpha, out)
+                    : decode_typed<Half, false>(enc, n, alpha, out);
+}
+
+size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
+  wire_cast(DType::kFloat32, w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16, in, out, n);
+  return 2 * n;
+}
+
+void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me,
+               Wire wire, float alpha, std::vector<uint8_t>& send_buf,
+               std::vector<uint8_t>& recv_buf, std::vector<uint8_t>& back_buf,
+               std::vector<float>& acc_buf, Deadline deadline) {
+  const size_t P = parts.size(), m = static_cast<size_t>(me);
+  const Chunks ch{n, P};
+  const size_t own = ch.size(m);
+  // Every chunk is cut into the same number of segments, so that a segment index means the
+  // same thing on every rank.
+  const size_t widest = ch.size(0);
+  const size_t S = widest == 0 ? 1 : (widest + kHalfSegmentElems - 1) / kHalfSegmentElems;
+  auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
+  uint8_t* send = grown(send_buf, 2 * n);        // chunk j at 2 * offset(j)
+  uint8_t* recv = grown(recv_buf, 2 * P * own);  // copy i of the owned chunk at 2 * i * own
+  uint8_t* back = grown(back_buf, 2 * n);        // chunk j's result at 2 * offset(j)
+  float* acc = grown(acc_buf, own);
+  const Chunks mine = seg(m);
+  // Phase A: segment s of chunk j to its owner. Receives are posted first, one Exchange per
+  // segment so that each can be waited for on its own. Messages of a pair match in the order
+  // they were posted, so the receives follow the order of the sends: every segment of phase
+  // A, then every segment of phase B.
+  std::vector<std::unique_ptr<Exchange>> up, down;
+  for (size_t s = 0; s < S; ++s) {
+    up.push_back(std::make_unique<Exchange>(comm, CollectiveKind::kAllReduce, deadline));
+    for (size_t i = 0; i < P; ++i) {
+      if (i != m) {
+        up[s]->recv(parts[i], Span{recv + 2 * (i * own + mine.offset(s)), 2 * mine.size(s)});
+      }
+    }
+  }
+  for (size_t s = 0; s < S; ++s) {
+    down.push_back(std::make_unique<Exchange>(comm, CollectiveKind::kAllReduce, deadline));
+    for (size_t i = 0; i < P; ++i) {
+      const Chunks c = seg(i);
+      if (i != m) {
+        down[s]->recv(parts[i], Span{back + 2 * (ch.offset(i) + c.offset(s)), 2 * c.size(s)});
+      }
+    }
+  }
+  for (size_t s = 0; s < S; ++s) {
+    for (size_t k = 1; k <= P; ++k) {  // this rank's own segment last: it waits for no link
+      const size_t j = (m + k) % P;
+      const Chunks c = seg(j);
+      const size_t off = ch.offset(j) + c.offset(s);
+      half_encode(wire, x + off, c.size(s), send + 2 * off);
+      if (j != m) up[s]->send(parts[j], Span{send + 2 * off, 2 * c.size(s)});
+    }
+  }
+  // Phase B: each segment of the owned chunk added in float32 once its copies are in, encoded
+  // again and sent to every rank at once.
+  for (size_t s = 0; s < S; ++s) {
+    up[s]->wait();
+    const size_t len = mine.size(s);
+    float* a = acc + mine.offset(s);
+    for (size_t i = 0; i < P; ++i) {
+      const uint8_t* from = i == m ? send + 2 * (ch.offset(m) + mine.offset(s))
+                                   : recv + 2 * (i * own + mine.offset(s));
+      half_decode(wire, from, len, alpha, i > 0, a);
+    }
+    uint8_t* out = back + 2 * (ch.offset(m) + mine.offset(s));
+    half_encode(wire, a, len, out);
+    for (size_t i = 0; i < P; ++i) {
+      if (i != m) down[s]->send(parts[i], Span{out, 2 * len});
+    }
+  }
+  // Every segment of every chunk decoded as it lands.
+  for (size_t s = 0; s < S; ++s) {
+    down[s]->wait();
+    for (size_t j = 0; j < P; ++j) {
+      const Chunks c = seg(j);
+      const size_t off = ch.offset(j) + c.offset(s);
+      half_decode(wire, back + 2 * off, c.size(s), 1.0f, false, x + off);
+    }
+  }
+}
+
+}  // namespace pyring
