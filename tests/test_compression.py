@@ -22,19 +22,27 @@ def _inputs(rank: int) -> torch.Tensor:
     return x
 
 
+def _reset(comm) -> None:
+    """Zeroes the counters once no rank can still send this rank bytes of an earlier call, and
+    before any sends bytes of the next: a compressed call sends its first segments at once."""
+    comm.barrier()
+    comm.reset_stats()
+    comm.barrier()
+
+
 def _wires(rank, world, store):
     comm = pyring.init(rank=rank, world_size=world, store=store)
     want = sum(_inputs(r) for r in range(world)) / world
     out = {}
     for wire in ("fp32", "bf16", "fp16"):
         t = _inputs(rank)
-        comm.reset_stats()
+        _reset(comm)
         comm.all_reduce(t, op="avg", wire=wire)
         out[wire] = (t.numpy(), received_bytes(comm.stats()), float((t - want).abs().max()))
     # One-bit with error feedback: the same inputs exchanged T times; what the residuals keep
     # comes back, so the running mean of the outputs approaches the true average.
     state, total = pyring.OneBitState(), torch.zeros(N)
-    comm.reset_stats()
+    _reset(comm)
     for _ in range(ONEBIT_CALLS):
         t = _inputs(rank)
         comm.all_reduce(t, op="avg", wire="onebit", state=state)
@@ -43,7 +51,7 @@ def _wires(rank, world, store):
     first = _inputs(rank)
     comm.all_reduce(first, op="sum", wire="onebit", state=pyring.OneBitState())
     err = lambda a: float((a - want).norm() / want.norm())  # noqa: E731
-    comm.reset_stats()
+    _reset(comm)
     comm.all_reduce(torch.randn(N) + 0.5, op="avg", wire="onebit", state=pyring.OneBitState())
     no_zeros = received_bytes(comm.stats())
     out["onebit"] = (t.numpy(), bytes_per_call, err(total / ONEBIT_CALLS), err(first / world),

@@ -130,3 +130,60 @@ def _segments(rank, world, store):
 def test_half_wires_pipelined_by_segment_are_exact():
     for got in run_ranks(3, _segments, timeout=300):
         assert got == {"bf16": 0, "fp16": 0}, got
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, parts)
+    out, off = [], 0
+    for j in range(parts):
+        size = base + (1 if j < extra else 0)
+        out.append((off, size))
+        off += size
+    return out
+
+
+def _onebit_reference(inputs: list, world: int):
+    """The first call's result, segment by segment, from the host kernels (no residuals yet,
+    no exact zeros: no masks)."""
+    import numpy as np
+
+    from pyring import _C
+
+    def code(v):
+        buf = np.zeros(_C.onebit_max_bytes(v.size), np.uint8)
+        _C.onebit_encode(v.ctypes.data, np.zeros(v.size, np.float32).ctypes.data, v.size,
+                         buf.ctypes.data, 0)
+        return buf
+
+    def into(buf, out, alpha, acc):
+        _C.onebit_decode(buf.ctypes.data, out.size, alpha, acc, out.ctypes.data, 0)
+
+    n = inputs[0].size
+    chunks = _split(n, world)
+    segments = max(1, -(-chunks[0][1] // (1 << 20)))
+    out = np.zeros(n, np.float32)
+    for off, size in chunks:
+        for soff, ssize in _split(size, segments):
+            lo = off + soff
+            acc = np.zeros(ssize, np.float32)
+            for i, x in enumerate(inputs):
+                into(code(np.ascontiguousarray(x[lo:lo + ssize])), acc, 1.0 / world, i > 0)
+            part = np.zeros(ssize, np.float32)
+            into(code(acc), part, 1.0, False)
+            out[lo:lo + ssize] = part
+    return out
+
+
+def _onebit_segments(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    n = world * 1_200_001 + 1  # two segments per chunk, uneven chunks and segments
+    inputs = [torch.randn(n, generator=torch.Generator().manual_seed(r)).numpy()
+              for r in range(world)]
+    x = torch.from_numpy(inputs[rank].copy())
+    comm.all_reduce(x, op="avg", wire="onebit", state=pyring.OneBitState())
+    comm.close()
+    return int((x.numpy() != _onebit_reference(inputs, world)).sum())
+
+
+def test_onebit_pipelined_by_segment_matches_the_kernels():
+    assert run_ranks(3, _onebit_segments, timeout=300) == [0, 0, 0]

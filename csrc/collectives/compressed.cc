@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "collectives/collectives.h"
 #include "collectives/compressed_half.h"
@@ -18,22 +19,6 @@ namespace {
 
 constexpr const char* kWireNames[kNumWires] = {"fp32", "fp16", "bf16", "onebit"};
 
-size_t max_bytes(Wire w, size_t n) {
-  return w == Wire::kOnebit ? onebit_max_bytes(n) : 2 * n;
-}
-
-size_t encode(Wire w, const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
-  if (w == Wire::kOnebit) return onebit_encode(in, residual, n, out, cache);
-  return half_encode(w, in, n, out);
-}
-
-// out = alpha * decoded, or out += alpha * decoded.
-void decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
-            uint8_t* cache) {
-  if (w == Wire::kOnebit) return onebit_decode(enc, n, alpha, accumulate, out, cache);
-  half_decode(w, enc, n, alpha, accumulate, out);
-}
-
 // Memory reused across calls on one thread, so that a call of a size seen before takes no
 // page faults (fresh vectors of tens of MiB cost more than the codec). Grown, never shrunk.
 struct Buffers {
@@ -48,138 +33,164 @@ std::vector<T>& grown(std::vector<T>& v, size_t n) {
   return v;
 }
 
-// The mask cache of every stream, in WireState's layout.
+// Onebit segments: every chunk is cut into the same number, so that a segment index means the
+// same thing on every rank; each (stream, segment) keeps its own mask cache.
+constexpr size_t kOnebitSegmentElems = size_t{1} << 20;
+
+size_t segments_of(size_t n, size_t participants) {
+  const size_t widest = Chunks{n, participants}.size(0);
+  return widest == 0 ? 1 : (widest + kOnebitSegmentElems - 1) / kOnebitSegmentElems;
+}
+
+// The mask caches in WireState's layout, each list indexed [j * S + s]: enc (chunk j, segment
+// s, to its owner), recv (copy j of the owned chunk), server (the owned chunk's result, [s]),
+// gather (chunk j's result).
 struct Caches {
-  std::vector<uint8_t*> enc, recv, gather;
-  uint8_t* server = nullptr;
+  std::vector<uint8_t*> enc, recv, server, gather;
 };
 
+// The element count of every cache, in layout order.
 std::vector<size_t> cache_sizes(size_t n, int participants, int index) {
-  const Chunks ch{n, static_cast<size_t>(participants)};
-  const size_t own = ch.size(static_cast<size_t>(index));
+  const size_t P = static_cast<size_t>(participants), S = segments_of(n, P);
+  const Chunks ch{n, P};
+  const Chunks own{ch.size(static_cast<size_t>(index)), S};
   std::vector<size_t> sizes;
-  for (int j = 0; j < participants; ++j) sizes.push_back(ch.size(static_cast<size_t>(j)));
-  for (int j = 0; j < participants; ++j) sizes.push_back(own);
-  sizes.push_back(own);
-  for (int j = 0; j < participants; ++j) sizes.push_back(ch.size(static_cast<size_t>(j)));
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(Chunks{ch.size(j), S}.size(s));
+  }
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(own.size(s));
+  }
+  for (size_t s = 0; s < S; ++s) sizes.push_back(own.size(s));
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(Chunks{ch.size(j), S}.size(s));
+  }
   return sizes;
 }
 
-Caches split(WireState& s, size_t n, int participants, int index) {
+Caches split(WireState& st, size_t n, int participants, int index) {
   Caches c;
-  uint8_t* at = s.masks.data();
+  uint8_t* at = st.masks.data();
+  const size_t PS = static_cast<size_t>(participants) * segments_of(n, participants);
   const std::vector<size_t> sizes = cache_sizes(n, participants, index);
-  const size_t p = static_cast<size_t>(participants);
   for (size_t k = 0; k < sizes.size(); ++k) {
-    if (k < p) {
-      c.enc.push_back(at);
-    } else if (k < 2 * p) {
-      c.recv.push_back(at);
-    } else if (k == 2 * p) {
-      c.server = at;
-    } else {
-      c.gather.push_back(at);
-    }
+    auto& list = k < PS ? c.enc : k < 2 * PS ? c.recv : k < sizes.size() - PS ? c.server : c.gather;
+    list.push_back(at);
     at += onebit_cache_bytes(sizes[k]);
   }
   return c;
 }
 
-// in[k] goes to peers[k] and out[k] comes from it; the entry of this rank is skipped. Both ends
-// of a pair must agree on each size.
-void swap(Communicator& comm, const std::vector<int>& peers, const std::vector<Span>& in,
-          const std::vector<Span>& out, Deadline deadline) {
-  Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
-  for (size_t k = 0; k < peers.size(); ++k) {
-    if (peers[k] != comm.rank()) ex.recv(peers[k], out[k]);
-  }
-  for (size_t k = 0; k < peers.size(); ++k) {
-    if (peers[k] != comm.rank()) ex.send(peers[k], in[k]);
-  }
-  ex.wait();
-}
+// Slots of max_bytes(size(k)) for items k, laid out back to back.
+struct Slots {
+  std::vector<size_t> at{0};
+  void add(size_t elems) { at.push_back(at.back() + onebit_max_bytes(elems)); }
+  size_t total() const { return at.back(); }
+};
 
-// Each participant's payload sizes, for the onebit wire whose sizes vary: sizes[k] is what
-// this rank sends to parts[k]; returns what each sends to this rank.
-std::vector<uint64_t> swap_sizes(Communicator& comm, const std::vector<int>& parts,
-                                 std::vector<uint64_t> sizes, Deadline deadline) {
-  std::vector<uint64_t> got(parts.size());
-  std::vector<Span> in, out;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    in.push_back(Span{reinterpret_cast<uint8_t*>(&sizes[k]), sizeof(uint64_t)});
-    out.push_back(Span{reinterpret_cast<uint8_t*>(&got[k]), sizeof(uint64_t)});
+// The onebit schedule over `parts` (this rank is parts[me]) on x in place, pipelined by
+// segment: the payload of segment s follows its size (on lane 1 of the exchange), so a
+// receiver posts each payload as its size lands; the owner reduces segment s and sends the
+// result on while later segments still travel.
+void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me,
+                 float alpha, WireState* state, Deadline deadline) {
+  const size_t P = parts.size(), m = static_cast<size_t>(me), S = segments_of(n, P);
+  const Chunks ch{n, P};
+  auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
+  const Chunks mine = seg(m);
+  state->bind(n, static_cast<int>(P), me);
+  const Caches c = split(*state, n, static_cast<int>(P), me);
+  Slots out, in, res, back;  // [j * S + s], [i * S + s], [s], [j * S + s]
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) {
+      out.add(seg(j).size(s));
+      in.add(mine.size(s));
+      back.add(seg(j).size(s));
+    }
   }
-  swap(comm, parts, in, out, deadline);
-  return got;
+  for (size_t s = 0; s < S; ++s) res.add(mine.size(s));
+  uint8_t* send = grown(buffers.send, out.total()).data();
+  uint8_t* recv = grown(buffers.recv, in.total()).data();
+  uint8_t* result = grown(buffers.mine, res.total()).data();
+  uint8_t* gathered = grown(buffers.gathered, back.total()).data();
+  float* acc = grown(buffers.acc, ch.size(m)).data();
+  std::vector<uint64_t> out_size(P * S), in_size(P * S), res_size(S), back_size(P * S);
+  auto span = [](void* p, size_t bytes) { return Span{static_cast<uint8_t*>(p), bytes}; };
+  auto make = [&](int lane) {
+    std::vector<std::unique_ptr<Exchange>> v;
+    for (size_t s = 0; s < S; ++s) {
+      v.push_back(std::make_unique<Exchange>(comm, CollectiveKind::kAllReduce, deadline, lane));
+    }
+    return v;
+  };
+  auto sizes_up = make(1), sizes_down = make(1), up = make(0), down = make(0);
+  // Every size receive up front (lane 1 matches in posting order: phase A's, then B's).
+  for (size_t s = 0; s < S; ++s) {
+    for (size_t i = 0; i < P; ++i) {
+      if (i != m) sizes_up[s]->recv(parts[i], span(&in_size[i * S + s], sizeof(uint64_t)));
+    }
+  }
+  for (size_t s = 0; s < S; ++s) {
+    for (size_t j = 0; j < P; ++j) {
+      if (j != m) sizes_down[s]->recv(parts[j], span(&back_size[j * S + s], sizeof(uint64_t)));
+    }
+  }
+  // Phase A: segment s of chunk j encoded (the worker residual) and sent to its owner.
+  for (size_t s = 0; s < S; ++s) {
+    for (size_t k = 1; k <= P; ++k) {
+      const size_t j = (m + k) % P, q = j * S + s;
+      const size_t off = ch.offset(j) + seg(j).offset(s);
+      out_size[q] = onebit_encode(x + off, state->worker.data() + off, seg(j).size(s),
+                                  send + out.at[q], c.enc[q]);
+      if (j == m) continue;
+      sizes_up[s]->send(parts[j], span(&out_size[q], sizeof(uint64_t)));
+      up[s]->send(parts[j], span(send + out.at[q], out_size[q]));
+    }
+  }
+  // Phase B: each segment of the owned chunk, once its copies are in, added in float32 in
+  // participant order, encoded again (the server residual) and sent to every participant.
+  for (size_t s = 0; s < S; ++s) {
+    sizes_up[s]->wait();
+    for (size_t i = 0; i < P; ++i) {
+      if (i != m) up[s]->recv(parts[i], span(recv + in.at[i * S + s], in_size[i * S + s]));
+    }
+    up[s]->wait();
+    float* a = acc + mine.offset(s);
+    for (size_t i = 0; i < P; ++i) {
+      const uint8_t* from = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
+      onebit_decode(from, mine.size(s), alpha, i > 0, a, c.recv[i * S + s]);
+    }
+    res_size[s] = onebit_encode(a, state->server.data() + mine.offset(s), mine.size(s),
+                                result + res.at[s], c.server[s]);
+    for (size_t i = 0; i < P; ++i) {
+      if (i == m) continue;
+      sizes_down[s]->send(parts[i], span(&res_size[s], sizeof(uint64_t)));
+      down[s]->send(parts[i], span(result + res.at[s], res_size[s]));
+    }
+  }
+  // Every segment of every chunk decoded as it lands.
+  for (size_t s = 0; s < S; ++s) {
+    sizes_down[s]->wait();
+    for (size_t j = 0; j < P; ++j) {
+      if (j != m) {
+        down[s]->recv(parts[j], span(gathered + back.at[j * S + s], back_size[j * S + s]));
+      }
+    }
+    down[s]->wait();
+    for (size_t j = 0; j < P; ++j) {
+      const uint8_t* from = j == m ? result + res.at[s] : gathered + back.at[j * S + s];
+      onebit_decode(from, seg(j).size(s), 1.0f, false, x + ch.offset(j) + seg(j).offset(s),
+                    c.gather[j * S + s]);
+    }
+  }
 }
 
 // The schedule of compressed.h over `parts` (this rank is parts[me]), on x in place.
 void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me, Wire wire,
           float alpha, WireState* state, Deadline deadline) {
-  if (wire != Wire::kOnebit) {
-    return half_flat(comm, x, n, parts, me, wire, alpha, buffers.send, buffers.recv,
-                     buffers.gathered, buffers.acc, deadline);
-  }
-  const size_t P = parts.size(), m = static_cast<size_t>(me);
-  const Chunks ch{n, P};
-  const size_t own = ch.size(m), own_off = ch.offset(m);
-  Caches c;
-  if (wire == Wire::kOnebit) {
-    state->bind(n, static_cast<int>(P), me);
-    c = split(*state, n, static_cast<int>(P), me);
-  }
-  auto cache = [&](const std::vector<uint8_t*>& v, size_t k) { return v.empty() ? nullptr : v[k]; };
-  // 1. Every chunk encoded, each to its owner.
-  std::vector<size_t> at(P + 1, 0);
-  for (size_t j = 0; j < P; ++j) at[j + 1] = at[j] + max_bytes(wire, ch.size(j));
-  std::vector<uint8_t>& send = grown(buffers.send, at[P]);
-  std::vector<uint64_t> sizes(P);
-  for (size_t j = 0; j < P; ++j) {
-    float* residual = wire == Wire::kOnebit ? state->worker.data() + ch.offset(j) : nullptr;
-    sizes[j] =
-        encode(wire, x + ch.offset(j), residual, ch.size(j), send.data() + at[j], cache(c.enc, j));
-  }
-  std::vector<uint64_t> incoming(P, 2 * own);
-  if (wire == Wire::kOnebit) incoming = swap_sizes(comm, parts, sizes, deadline);
-  incoming[m] = sizes[m];
-  std::vector<size_t> rat(P + 1, 0);
-  for (size_t i = 0; i < P; ++i) rat[i + 1] = rat[i] + incoming[i];
-  std::vector<uint8_t>& recv = grown(buffers.recv, rat[P]);
-  std::vector<Span> in, out;
-  for (size_t k = 0; k < P; ++k) {
-    in.push_back(Span{send.data() + at[k], sizes[k]});
-    out.push_back(Span{recv.data() + rat[k], incoming[k]});
-  }
-  std::memcpy(recv.data() + rat[m], send.data() + at[m], sizes[m]);
-  swap(comm, parts, in, out, deadline);
-  // 2. The owner adds the copies of its chunk in float32, in participant order.
-  std::vector<float>& acc = grown(buffers.acc, own);
-  for (size_t i = 0; i < P; ++i) {
-    decode(wire, recv.data() + rat[i], own, alpha, i > 0, acc.data(), cache(c.recv, i));
-  }
-  // 3. Encoded again, to every participant, and every chunk decoded into x.
-  std::vector<uint8_t>& mine = grown(buffers.mine, max_bytes(wire, own));
-  const uint64_t mine_bytes =
-      encode(wire, acc.data(), wire == Wire::kOnebit ? state->server.data() : nullptr, own,
-             mine.data(), c.server);
-  std::vector<uint64_t> back(P);
-  for (size_t j = 0; j < P; ++j) back[j] = 2 * ch.size(j);
-  if (wire == Wire::kOnebit)
-    back = swap_sizes(comm, parts, std::vector<uint64_t>(P, mine_bytes), deadline);
-  back[m] = mine_bytes;
-  std::vector<size_t> bat(P + 1, 0);
-  for (size_t j = 0; j < P; ++j) bat[j + 1] = bat[j] + back[j];
-  std::vector<uint8_t>& gathered = grown(buffers.gathered, bat[P]);
-  in.assign(P, Span{mine.data(), mine_bytes});
-  out.clear();
-  for (size_t j = 0; j < P; ++j) out.push_back(Span{gathered.data() + bat[j], back[j]});
-  swap(comm, parts, in, out, deadline);
-  std::memcpy(gathered.data() + bat[m], mine.data(), mine_bytes);
-  for (size_t j = 0; j < P; ++j) {
-    decode(wire, gathered.data() + bat[j], ch.size(j), 1.0f, false, x + ch.offset(j),
-           cache(c.gather, j));
-  }
-  (void)own_off;
+  if (wire == Wire::kOnebit) return onebit_flat(comm, x, n, parts, me, alpha, state, deadline);
+  half_flat(comm, x, n, parts, me, wire, alpha, buffers.send, buffers.recv, buffers.gathered,
+            buffers.acc, deadline);
 }
 
 // Full precision inside this rank's group, the schedule between the groups' leaders.

@@ -2,6 +2,7 @@
 
 #include <exception>
 
+#include "core/errors.h"
 #include "core/p2p.h"
 
 namespace pyring {
@@ -10,6 +11,8 @@ namespace {
 // Acknowledgements travel with the collective's tag and this bit, so that they never match
 // the descriptors and payloads that share the pair's stream.
 constexpr int64_t kAckTag = int64_t{1} << 62;
+// Lane 1's blocks carry bit 61: below the acknowledgement bit, above any sequence number.
+constexpr int kLaneShift = 61;
 // What a receiver answers a descriptor with. Unless kAckRead, the payload follows through the
 // link; after kAckFailed the pair stops trying (kAckSize is the caller's error, which the
 // payload's receive reports).
@@ -27,13 +30,16 @@ struct Exchange::Block {
   bool handled = false;
 };
 
-Exchange::Exchange(Communicator& comm, CollectiveKind kind, Deadline deadline)
-    : comm_(comm), kind_(kind), deadline_(deadline) {}
+Exchange::Exchange(Communicator& comm, CollectiveKind kind, Deadline deadline, int lane)
+    : comm_(comm), kind_(kind), lane_(lane), deadline_(deadline) {
+  PYRING_CHECK_ARG(lane >= 0 && lane < kLanes, "exchange lane ", lane, " out of range");
+}
 
 Exchange::~Exchange() = default;
 
 P2pAddress Exchange::addr(int peer, bool ack) const {
-  const auto tag = static_cast<int64_t>(comm_.seq()) | (ack ? kAckTag : 0);
+  const auto tag = static_cast<int64_t>(comm_.seq()) | (ack ? kAckTag : 0) |
+                   (lane_ > 0 ? int64_t{1} << (kLaneShift - lane_ + 1) : 0);
   return P2pAddress{peer, tag, P2pContext::kCollective, static_cast<uint8_t>(kind_)};
 }
 

@@ -22,7 +22,10 @@ namespace pyring {
 // Posting may not throw half-way through a collective: the caller checks its arguments first.
 class Exchange {
  public:
-  Exchange(Communicator& comm, CollectiveKind kind, Deadline deadline);
+  // Blocks of one lane match among themselves only, in posting order per pair: a collective
+  // may send its sizes on lane 1 and the payloads they announce on lane 0.
+  static constexpr int kLanes = 2;
+  Exchange(Communicator& comm, CollectiveKind kind, Deadline deadline, int lane = 0);
   ~Exchange();
   void recv(int peer, const Span& s);
   void send(int peer, const Span& s);
@@ -38,6 +41,7 @@ class Exchange {
 
   Communicator& comm_;
   CollectiveKind kind_;
+  int lane_;
   Deadline deadline_;
   std::vector<std::shared_ptr<Work>> works_;
   std::vector<std::unique_ptr<Block>> blocks_;  // single-copy blocks in flight
