@@ -117,3 +117,38 @@ def env_body(rank, world, store):
 def test_pyring_device_binds_at_init():
     for got in run_ranks(2, env_body, env={"PYRING_DEVICE": "sim:0"}, timeout=60):
         assert tuple(got) == ("sim:0", "cuda_ipc"), got
+
+
+def _usage() -> tuple[int, int, int, int]:
+    """(resident KiB, open fds, threads, /dev/shm entries) of this process."""
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return (int(status["VmRSS"].split()[0]), len(os.listdir("/proc/self/fd")),
+            int(status["Threads"]), len(os.listdir("/dev/shm")))
+
+
+def churn_body(rank, world, store):
+    import pyring
+    from pyring.testing.sim import SimArray
+
+    def one(k):
+        with pyring.init(rank, world, store, set_default=False, device="sim:0",
+                         segment_bytes=4096) as comm:
+            x = SimArray.from_tensor(torch.full((3000,), float(rank + k)), 0)
+            comm.all_reduce(x)
+            assert x.to_host()[0].item() == float(sum(r + k for r in range(world)))
+            assert comm._c.device_transport == "cuda_ipc"
+
+    for k in range(10):  # warm-up: allocators and caches reach their size
+        one(k)
+    before = _usage()
+    for k in range(150):
+        one(k)
+    return before, _usage()
+
+
+def test_device_links_leak_nothing_across_communicators():
+    for before, after in run_ranks(2, churn_body, timeout=600):
+        rss, fds, threads, shm = (a - b for a, b in zip(after, before))
+        assert fds <= 0 and threads <= 0 and shm <= 0, (before, after)
+        assert rss < 8 * 1024, (before, after)  # KiB, over 150 communicators
