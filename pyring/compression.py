@@ -90,16 +90,6 @@ class OneBitState:
                        .to(torch.uint8).numpy())
 
 
-def split_chunks(n: int, world: int) -> list[tuple[int, int]]:
-    base, extra = divmod(n, world)
-    out, off = [], 0
-    for j in range(world):
-        size = base + (1 if j < extra else 0)
-        out.append((off, size))
-        off += size
-    return out
-
-
 def check_wire_call(tensor: Any, wire: str, state: Any, out: Any = None) -> None:
     """What the core cannot check of an all_reduce on ``wire`` into ``out`` (None: in place):
     the Python objects. Op, dtype and sizes are the core's to refuse."""

@@ -105,20 +105,66 @@ class OneBitAdam(torch.optim.Optimizer):
             off += k
         return out
 
+    def _params_and_grad(self) -> tuple[Any, Any]:
+        """The parameters and gradients, flat; Adam's L2 weight decay already in the latter."""
+        g = self._flat_grad()
+        flat_p = torch.cat([p.detach().reshape(-1) for p in self._params])
+        for group, off, k in self._per_group():
+            wd = group["weight_decay"]
+            if wd and not self.decoupled_weight_decay:
+                g[off:off + k].add_(flat_p[off:off + k], alpha=wd)
+        return flat_p, g
+
+    def _denominator(self, v_steps: int, floor: bool) -> Any:
+        """sqrt(v_hat) + eps, v_hat corrected for ``v_steps`` updates of v; with ``floor``,
+        each group's entries are floored at denominator_floor times their root mean square."""
+        denom = torch.empty_like(self.v)
+        for group, off, k in self._per_group():
+            b2 = group["betas"][1]
+            d = denom[off:off + k]
+            torch.div(self.v[off:off + k], 1 - b2 ** max(v_steps, 1), out=d).sqrt_()
+            if floor and k:
+                # An element whose variance froze at (or near) zero would step by m / eps.
+                d.clamp_(min=self.denominator_floor * float(d.square().mean().sqrt()))
+            d.add_(group["eps"])
+        return denom
+
+    def _average_momentum(self, denom: Any) -> None:
+        """Averages m on the one-bit wire. It travels divided by Adam's denominator, which is
+        the same on every rank (so the average is unchanged): the one-bit scale then fits the
+        update, and an element with a tiny variance cannot turn the chunk's scale into a huge
+        step."""
+        self.m.div_(denom)
+        all_reduce_wire(self.comm, self.m, "avg", "onebit", self.onebit)
+        self.m.mul_(denom)
+
+    def _apply(self, flat_p: Any, denom: Any) -> None:
+        """flat_p -= the Adam update (decoupled decay included), and the parameters take it."""
+        for group, off, k in self._per_group():
+            b1 = group["betas"][0]
+            lr, wd = group["lr"], group["weight_decay"]
+            update = self.m[off:off + k] / (1 - b1 ** self.steps) / denom[off:off + k]
+            if wd and self.decoupled_weight_decay:
+                flat_p[off:off + k].mul_(1 - lr * wd)
+            flat_p[off:off + k].add_(update, alpha=-lr)
+        self._write_back(flat_p)
+
+    def _write_back(self, flat_p: Any) -> None:
+        off = 0
+        for p in self._params:
+            k = p.numel()
+            p.copy_(flat_p[off:off + k].view_as(p))
+            off += k
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        g = self._flat_grad()
+        flat_p, g = self._params_and_grad()
         self.steps += 1
         frozen = self.steps > self.freeze_step
-        flat_p = torch.cat([p.detach().reshape(-1) for p in self._params])
-        for group, off, k in self._per_group():
-            wd = group["weight_decay"]
-            if wd and not self.decoupled_weight_decay:
-                g[off:off + k].add_(flat_p[off:off + k], alpha=wd)
         if not frozen:
             all_reduce_wire(self.comm, g, "avg", self.warmup_wire)
         for group, off, k in self._per_group():
@@ -128,36 +174,11 @@ class OneBitAdam(torch.optim.Optimizer):
             if not frozen:
                 self.v[off:off + k].mul_(b2).addcmul_(g[off:off + k], g[off:off + k],
                                                       value=1 - b2)
-        v_steps = min(self.steps, self.freeze_step)
-        denom = torch.empty_like(self.v)
-        for group, off, k in self._per_group():
-            b2 = group["betas"][1]
-            d = denom[off:off + k]
-            torch.div(self.v[off:off + k], 1 - b2 ** v_steps, out=d).sqrt_()
-            if frozen and k:
-                # An element whose variance froze at (or near) zero would step by m / eps.
-                d.clamp_(min=self.denominator_floor * float(d.square().mean().sqrt()))
-            d.add_(group["eps"])
+        denom = self._denominator(min(self.steps, self.freeze_step), frozen)
         if frozen:
-            # Only the momentum travels, compressed; every rank ends with the same m. It
-            # travels divided by Adam's denominator, which is frozen and the same on every
-            # rank (so the average is unchanged): the one-bit scale then fits the update, and
-            # an element with a tiny variance cannot turn the chunk's scale into a huge step.
-            pre = self.m.div_(denom)
-            all_reduce_wire(self.comm, pre, "avg", "onebit", self.onebit)
-            self.m.mul_(denom)
-        for group, off, k in self._per_group():
-            b1 = group["betas"][0]
-            lr, wd = group["lr"], group["weight_decay"]
-            update = self.m[off:off + k] / (1 - b1 ** self.steps) / denom[off:off + k]
-            if wd and self.decoupled_weight_decay:
-                flat_p[off:off + k].mul_(1 - lr * wd)
-            flat_p[off:off + k].add_(update, alpha=-lr)
-        off = 0
-        for p in self._params:
-            k = p.numel()
-            p.copy_(flat_p[off:off + k].view_as(p))
-            off += k
+            # Only the momentum travels, compressed; every rank ends with the same m.
+            self._average_momentum(denom)
+        self._apply(flat_p, denom)
         return loss
 
     def state_dict(self) -> dict:

@@ -84,17 +84,6 @@ class ZeroOneAdam(OneBitAdam):
         self.change = torch.zeros_like(self.m)  # this rank's parameter change since then
         self.sync = OneBitState()  # error feedback of the rounds
 
-    def _denominator(self, floor: bool) -> Any:
-        denom = torch.empty_like(self.v)
-        for group, off, k in self._per_group():
-            b2 = group["betas"][1]
-            d = denom[off:off + k]
-            torch.div(self.v[off:off + k], 1 - b2 ** max(self.v_updates, 1), out=d).sqrt_()
-            if floor and k:
-                d.clamp_(min=self.denominator_floor * float(d.square().mean().sqrt()))
-            d.add_(group["eps"])
-        return denom
-
     def _next_interval(self) -> int:
         h = 2 ** (self.rounds // self.local_step_scaler)
         if self.freeze_lr:
@@ -109,19 +98,14 @@ class ZeroOneAdam(OneBitAdam):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        g = self._flat_grad()
+        flat_p, g = self._params_and_grad()
         self.steps += 1
-        flat_p = torch.cat([p.detach().reshape(-1) for p in self._params])
-        for group, off, k in self._per_group():
-            wd = group["weight_decay"]
-            if wd and not self.decoupled_weight_decay:
-                g[off:off + k].add_(flat_p[off:off + k], alpha=wd)
-        if self.steps <= self.freeze_step:
-            self._synchronous_step(g)
-        else:
+        if self.steps > self.freeze_step:
             self._local_step(g, flat_p)
             return loss
-        self._apply(flat_p, self._denominator(self.v_updates > 0 and self.steps > 1))
+        self._synchronous_step(g)
+        self._apply(flat_p, self._denominator(self.v_updates, self.v_updates > 0 and
+                                              self.steps > 1))
         return loss
 
     def _synchronous_step(self, g: Any) -> None:
@@ -141,25 +125,7 @@ class ZeroOneAdam(OneBitAdam):
                 self.var_interval *= 2
                 self.var_run = 0
             return
-        denom = self._denominator(True)
-        self.m.div_(denom)
-        all_reduce_wire(self.comm, self.m, "avg", "onebit", self.onebit)
-        self.m.mul_(denom)
-
-    def _apply(self, flat_p: Any, denom: Any) -> None:
-        """flat_p -= the Adam update, and the parameters take flat_p."""
-        for group, off, k in self._per_group():
-            b1 = group["betas"][0]
-            lr, wd = group["lr"], group["weight_decay"]
-            update = self.m[off:off + k] / (1 - b1 ** self.steps) / denom[off:off + k]
-            if wd and self.decoupled_weight_decay:
-                flat_p[off:off + k].mul_(1 - lr * wd)
-            flat_p[off:off + k].add_(update, alpha=-lr)
-        off = 0
-        for p in self._params:
-            k = p.numel()
-            p.copy_(flat_p[off:off + k].view_as(p))
-            off += k
+        self._average_momentum(self._denominator(self.v_updates, True))
 
     def _local_step(self, g: Any, flat_p: Any) -> None:
         if self.anchor is None:  # the first step after the freeze
@@ -168,7 +134,7 @@ class ZeroOneAdam(OneBitAdam):
         for group, off, k in self._per_group():
             b1 = group["betas"][0]
             self.m[off:off + k].mul_(b1).add_(g[off:off + k], alpha=1 - b1)
-        denom = self._denominator(True)
+        denom = self._denominator(self.v_updates, True)
         before = flat_p.clone()
         self._apply(flat_p, denom)
         self.change.add_(before - flat_p)
@@ -190,11 +156,7 @@ class ZeroOneAdam(OneBitAdam):
         self.local_steps = 0
         self.rounds += 1
         self.interval = self._next_interval()
-        off = 0
-        for p in self._params:
-            k = p.numel()
-            p.copy_(flat_p[off:off + k].view_as(p))
-            off += k
+        self._write_back(flat_p)
 
     def state_dict(self) -> dict:
         sd = super().state_dict()

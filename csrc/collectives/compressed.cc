@@ -27,12 +27,6 @@ struct Buffers {
 };
 thread_local Buffers buffers;
 
-template <class T>
-std::vector<T>& grown(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v;
-}
-
 // Onebit segments: every chunk is cut into the same number, so that a segment index means the
 // same thing on every rank; each (stream, segment) keeps its own mask cache.
 constexpr size_t kOnebitSegmentElems = size_t{1} << 20;
@@ -109,11 +103,11 @@ void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>&
     }
   }
   for (size_t s = 0; s < S; ++s) res.add(mine.size(s));
-  uint8_t* send = grown(buffers.send, out.total()).data();
-  uint8_t* recv = grown(buffers.recv, in.total()).data();
-  uint8_t* result = grown(buffers.mine, res.total()).data();
-  uint8_t* gathered = grown(buffers.gathered, back.total()).data();
-  float* acc = grown(buffers.acc, ch.size(m)).data();
+  uint8_t* send = grown(buffers.send, out.total());
+  uint8_t* recv = grown(buffers.recv, in.total());
+  uint8_t* result = grown(buffers.mine, res.total());
+  uint8_t* gathered = grown(buffers.gathered, back.total());
+  float* acc = grown(buffers.acc, ch.size(m));
   std::vector<uint64_t> out_size(P * S), in_size(P * S), res_size(S), back_size(P * S);
   auto span = [](void* p, size_t bytes) { return Span{static_cast<uint8_t*>(p), bytes}; };
   auto make = [&](int lane) {
@@ -222,17 +216,16 @@ void hierarchical(Communicator& comm, float* x, size_t n,
     return;
   }
   const size_t members = group->size() - 1;
-  std::vector<float>& parts = grown(buffers.parts, members * n);
+  float* parts = grown(buffers.parts, members * n);
   {
     Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
     for (size_t k = 0; k < members; ++k) {
-      ex.recv((*group)[k + 1],
-              Span{reinterpret_cast<uint8_t*>(parts.data() + k * n), n * sizeof(float)});
+      ex.recv((*group)[k + 1], Span{reinterpret_cast<uint8_t*>(parts + k * n), n * sizeof(float)});
     }
     ex.wait();
   }
   for (size_t k = 0; k < members; ++k) {  // in rank order: the same sum on every run
-    const float* p = parts.data() + k * n;
+    const float* p = parts + k * n;
     for (size_t i = 0; i < n; ++i) x[i] += p[i];
   }
   flat(comm, x, n, leaders, me, wire, alpha, state, deadline);
@@ -309,7 +302,7 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
   const std::vector<std::vector<int>> groups = select_compressed(comm, wire_name(wire), head, algo);
   float* f = static_cast<float*>(x.data);
   if (dt != DType::kFloat32) {
-    f = grown(buffers.wide, head).data();
+    f = grown(buffers.wide, head);
     if (dt == DType::kFloat64) {
       const double* d = static_cast<const double*>(x.data);
       for (size_t i = 0; i < head; ++i) f[i] = static_cast<float>(d[i]);

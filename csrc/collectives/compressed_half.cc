@@ -20,12 +20,6 @@ void decode_typed(const uint8_t* enc, size_t n, float alpha, float* out) {
   }
 }
 
-template <class T>
-T* grown(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 }  // namespace
 
 void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out) {

@@ -15,6 +15,14 @@ namespace pyring {
 
 constexpr size_t kHalfSegmentElems = size_t{1} << 20;
 
+// v's memory, grown to at least n elements (never shrunk): the compressed collective's buffers
+// are reused across calls, so that a size seen before takes no page faults.
+template <class T>
+T* grown(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 // out = alpha * decoded 16-bit values (or out += with accumulate), in one pass.
 void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out);
 // out = the 16-bit encoding of in; returns the bytes written (2n).

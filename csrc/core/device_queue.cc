@@ -46,27 +46,25 @@ uint64_t DeviceQueue::enter(StreamId stream, Deadline deadline) {
   return ticket;
 }
 
-uint8_t* DeviceQueue::staging(size_t bytes) {
-  if (bytes <= staging_bytes_) return staging_;
-  // Earlier collectives' copies back may still read the old staging memory.
+uint8_t* DeviceQueue::grow(uint8_t*& p, size_t& capacity, size_t bytes, bool host) {
+  if (bytes <= capacity) return p;
+  // Earlier collectives' copies and kernels may still use the old memory.
   rt_.synchronize(device_.index, stream_);
-  if (staging_) rt_.free_host(device_.index, staging_);
-  staging_ = nullptr;
-  staging_bytes_ = 0;
-  staging_ = static_cast<uint8_t*>(rt_.alloc_host(device_.index, bytes));
-  staging_bytes_ = bytes;
-  return staging_;
+  if (p) host ? rt_.free_host(device_.index, p) : rt_.free(device_.index, p);
+  p = nullptr;
+  capacity = 0;
+  p = static_cast<uint8_t*>(host ? rt_.alloc_host(device_.index, bytes)
+                                 : rt_.alloc(device_.index, bytes));
+  capacity = bytes;
+  return p;
+}
+
+uint8_t* DeviceQueue::staging(size_t bytes) {
+  return grow(staging_, staging_bytes_, bytes, true);
 }
 
 uint8_t* DeviceQueue::device_scratch(size_t bytes) {
-  if (bytes <= scratch_bytes_) return scratch_;
-  rt_.synchronize(device_.index, stream_);  // earlier kernels may still use the old memory
-  if (scratch_) rt_.free(device_.index, scratch_);
-  scratch_ = nullptr;
-  scratch_bytes_ = 0;
-  scratch_ = static_cast<uint8_t*>(rt_.alloc(device_.index, bytes));
-  scratch_bytes_ = bytes;
-  return scratch_;
+  return grow(scratch_, scratch_bytes_, bytes, false);
 }
 
 void DeviceQueue::run_resident(uint64_t ticket, const std::function<void(Deadline)>& fn,

@@ -93,6 +93,9 @@ class DeviceQueue {
   // Raises the ticket's done flag from the host once pyring's stream has drained.
   void release(uint64_t ticket) noexcept;
   uint8_t* staging(size_t bytes);
+  // p, of `capacity` bytes, grown to `bytes` (host: pinned memory, else device memory) once
+  // pyring's stream has drained.
+  uint8_t* grow(uint8_t*& p, size_t& capacity, size_t bytes, bool host);
   // Queues the raise of copied_ to the next value on the stream and returns that value.
   uint64_t mark_copied();
 

@@ -164,11 +164,7 @@ std::string IpcLink::pending() const {
 }
 
 void IpcLink::check_peer() {
-  auto* h = theirs_control_->header();
-  if (h->aborted.load(std::memory_order_acquire) != 0) {
-    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
-  }
-  PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
+  check_segment_owner(peer_, theirs_control_->header());
 }
 
 void IpcLink::abort() {

@@ -144,12 +144,15 @@ std::string ShmLink::pending() const {
                  " bytes left to receive");
 }
 
-void ShmLink::check_peer() {
-  auto* h = theirs_->header();
+void check_segment_owner(int peer, const SegmentHeader* h) {
   if (h->aborted.load(std::memory_order_acquire) != 0) {
-    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
+    throw PeerLost(peer, str_cat("rank ", peer, " gave up on the communicator"), true);
   }
-  PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer_, " (pid ", h->pid, ") died");
+  PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer, " (pid ", h->pid, ") died");
+}
+
+void ShmLink::check_peer() {
+  check_segment_owner(peer_, theirs_->header());
 }
 
 void ShmLink::abort() {

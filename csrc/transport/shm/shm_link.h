@@ -66,4 +66,8 @@ class ShmLink : public Link {
 // True while process `pid` runs (not a zombie). Same pid namespace assumed.
 bool process_alive(int pid);
 
+// Throws PeerLost when rank `peer`, owner of the segment with header `h`, gave up, and
+// CommError when its process died.
+void check_segment_owner(int peer, const SegmentHeader* h);
+
 }  // namespace pyring
