@@ -40,6 +40,7 @@ class Communicator(PointToPoint):
         self.topology = topology
         self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0, 0))
         self._stats_base_device: dict = {}
+        self._stats_base_crossing = 0
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
@@ -287,7 +288,10 @@ class Communicator(PointToPoint):
         bytes_sent that were copied into the peer's slots with non-temporal stores
         (PYRING_SHM_COPY); a tcp link's ``connections`` are its TCP connections
         (PYRING_SOCKET_NSTREAMS). ``device_links`` counts the links that carry device buffers
-        device to device (cuda_ipc; empty where device buffers are staged through the host)."""
+        device to device (cuda_ipc; empty where device buffers are staged through the host).
+        ``device_host_bytes`` are the bytes copied between this rank's devices and the host:
+        staged buffers, and the encoded bytes of the compressed wires, whose codec runs on
+        the device."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
@@ -313,6 +317,7 @@ class Communicator(PointToPoint):
             "p2p": {"bytes_sent": p2p[0] - base_p2p[0], "bytes_received": p2p[1] - base_p2p[1],
                     "single_copy_bytes": p2p[2] - base_p2p[2]},
             "device_links": device_links,
+            "device_host_bytes": self._c.device_host_bytes() - self._stats_base_crossing,
         }
 
     def debug_dump(self) -> list[dict[str, Any]]:
@@ -333,6 +338,7 @@ class Communicator(PointToPoint):
                             self._c.p2p_bytes())
         self._stats_base_device = {p: (s, r) for p, (_, s, r) in
                                    self._c.device_link_stats().items()}
+        self._stats_base_crossing = self._c.device_host_bytes()
 
     def close(self) -> None:
         """Finishes the work already running, fails queued work with CommError, and frees the

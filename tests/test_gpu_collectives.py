@@ -146,3 +146,45 @@ def test_ddp_optimizer_and_onebit_adam_match_cpu():
     for c, g in zip(cpu, gpu):
         for a, b in zip(c[0] + c[1], g[0] + g[1]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def wire_body(rank, world, store):
+    """The compressed wires on CUDA tensors: the codec runs on the GPU (onebit.cu, the casts),
+    only encoded bytes cross to the host, and the results are the host's."""
+    import pyring
+    from pyring.compression import all_reduce_wire
+
+    dev = torch.device("cuda", 0)
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        for wire in ("fp16", "bf16", "onebit"):
+            states = [pyring.OneBitState(), pyring.OneBitState()] if wire == "onebit" else [
+                None, None]
+            for step in range(3):
+                g = torch.Generator().manual_seed(100 * step + rank)
+                x = torch.randn((1 << 20) + 5, generator=g)
+                x[::97] = 0.0
+                host = x.clone()
+                all_reduce_wire(comm, host, "avg", wire, states[0], exact_tail=5)
+                comm.reset_stats()
+                gpu = x.to(dev)
+                all_reduce_wire(comm, gpu, "avg", wire, states[1], exact_tail=5)
+                crossed = comm.stats()["device_host_bytes"]
+                diff = (gpu.cpu() - host).abs()
+                if wire != "onebit" and diff.max().item() > 2e-2:
+                    bad.append(f"{wire} step {step}: max difference {diff.max().item()}")
+                # The GPU sums a segment's squares in another order: its scales differ in the
+                # last bits, and a value within that of zero may take the other sign.
+                far = int((diff > 1e-3).sum())
+                if wire == "onebit" and far > x.numel() // 10_000:
+                    bad.append(f"onebit step {step}: {far} values differ")
+                if not torch.equal(gpu[-5:].cpu(), host[-5:]):
+                    bad.append(f"{wire} step {step}: exact tail {gpu[-5:].tolist()}")
+                limit = x.numel() * 4 // (12 if wire == "onebit" else 1)
+                if crossed > limit:
+                    bad.append(f"{wire}: {crossed} bytes crossed to the host (limit {limit})")
+    return bad
+
+
+def test_wires_encode_on_the_gpu():
+    assert run_ranks(2, wire_body, timeout=300) == [[], []]

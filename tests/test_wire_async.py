@@ -151,8 +151,8 @@ def _onebit_reference(inputs: list, world: int):
 
     def code(v):
         buf = np.zeros(_C.onebit_max_bytes(v.size), np.uint8)
-        _C.onebit_encode(v.ctypes.data, np.zeros(v.size, np.float32).ctypes.data, v.size,
-                         buf.ctypes.data, 0)
+        residual = np.zeros(v.size, np.float32)  # alive through the call
+        _C.onebit_encode(v.ctypes.data, residual.ctypes.data, v.size, buf.ctypes.data, 0)
         return buf
 
     def into(buf, out, alpha, acc):

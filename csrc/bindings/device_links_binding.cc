@@ -131,7 +131,10 @@ void register_device_links(CommunicatorClass& cls, py::module_& m) {
             }
             return out;
           },
-          "{peer: (transport, bytes sent, bytes received)} over the device links since start.");
+          "{peer: (transport, bytes sent, bytes received)} over the device links since start.")
+      .def("device_host_bytes", &Communicator::device_host_bytes,
+           "Bytes copied between this rank's devices and the host (staging, encoded wire "
+           "bytes), since start.");
 }
 
 }  // namespace pyring::bindings

@@ -34,15 +34,21 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
                              [](const WireState& s) { return s.worker.empty() && s.masks.empty(); })
       .def(
           "get",
-          [](const WireState& s) {
+          [](WireState& s) {
+            {
+              py::gil_scoped_release nogil;
+              s.to_host();
+            }
             return py::make_tuple(to_array(s.worker), to_array(s.server), to_array(s.masks));
           },
-          "(worker, server, masks) copied out as numpy arrays; empty before first use.")
+          "(worker, server, masks) copied out as numpy arrays (from the device, where they "
+          "are); empty before first use.")
       .def(
           "set",
           [](WireState& s, const py::array_t<float, py::array::c_style | py::array::forcecast>& w,
              const py::array_t<float, py::array::c_style | py::array::forcecast>& sv,
              const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& mk) {
+            s.drop_device();
             s.worker = from_array(w);
             s.server = from_array(sv);
             s.masks = from_array(mk);
@@ -61,7 +67,14 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
         check_compressed(c, v, exact_tail, w, rop, state.get(), a);
         const DeviceArgs da = device_args(device);
         const CollectiveDesc desc = desc_of("all_reduce", v, op);
-        if (!da.device.is_cpu()) {
+        if (!da.device.is_cpu() && v.dtype != DType::kFloat64) {  // the codec on the device
+          return launch_resident(c, async_op, desc, da,
+                                 [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {
+                                   compressed_allreduce(c, on_stream(v, da.device, s), exact_tail,
+                                                        w, rop, state.get(), a, d);
+                                 });
+        }
+        if (!da.device.is_cpu()) {  // float64: no device cast; staged through the host
           return launch_staged(
               c, async_op, desc, da, {StagedRegion{v.data, v.bytes(), true, true}},
               [&c, v, exact_tail, w, rop, state, a](Deadline d, uint8_t* const* h) {

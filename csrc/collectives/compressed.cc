@@ -9,23 +9,16 @@
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
 #include "collectives/selector.h"
+#include "collectives/wire_codec.h"
 #include "core/errors.h"
+#include "device/runtime.h"
 #include "kernels/onebit.h"
-#include "kernels/wire_cast.h"
 
 namespace pyring {
 
 namespace {
 
 constexpr const char* kWireNames[kNumWires] = {"fp32", "fp16", "bf16", "onebit"};
-
-// Memory reused across calls on one thread, so that a call of a size seen before takes no
-// page faults (fresh vectors of tens of MiB cost more than the codec). Grown, never shrunk.
-struct Buffers {
-  std::vector<uint8_t> send, recv, mine, gathered;
-  std::vector<float> acc, wide, parts;
-};
-thread_local Buffers buffers;
 
 // Onebit segments: every chunk is cut into the same number, so that a segment index means the
 // same thing on every rank; each (stream, segment) keeps its own mask cache.
@@ -86,8 +79,9 @@ struct Slots {
 // segment: the payload of segment s follows its size (on lane 1 of the exchange), so a
 // receiver posts each payload as its size lands; the owner reduces segment s and sends the
 // result on while later segments still travel.
-void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me,
-                 float alpha, WireState* state, Deadline deadline) {
+void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
+                 const std::vector<int>& parts, int me, float alpha, WireState* state,
+                 Deadline deadline) {
   const size_t P = parts.size(), m = static_cast<size_t>(me), S = segments_of(n, P);
   const Chunks ch{n, P};
   auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
@@ -103,11 +97,14 @@ void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>&
     }
   }
   for (size_t s = 0; s < S; ++s) res.add(mine.size(s));
-  uint8_t* send = grown(buffers.send, out.total());
-  uint8_t* recv = grown(buffers.recv, in.total());
-  uint8_t* result = grown(buffers.mine, res.total());
-  uint8_t* gathered = grown(buffers.gathered, back.total());
-  float* acc = grown(buffers.acc, ch.size(m));
+  uint8_t* send = codec.wire(out.total());
+  uint8_t* recv = codec.wire(in.total());
+  uint8_t* result = codec.wire(res.total());
+  uint8_t* gathered = codec.wire(back.total());
+  float* acc = codec.values(ch.size(m));
+  const std::shared_ptr<DeviceQueue> queue =
+      codec.on_device() ? comm.device_queue(codec.site().device) : nullptr;
+  const auto [worker, server] = state->residuals(queue);
   std::vector<uint64_t> out_size(P * S), in_size(P * S), res_size(S), back_size(P * S);
   auto span = [](void* p, size_t bytes) { return Span{static_cast<uint8_t*>(p), bytes}; };
   auto make = [&](int lane) {
@@ -134,8 +131,8 @@ void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>&
     for (size_t k = 1; k <= P; ++k) {
       const size_t j = (m + k) % P, q = j * S + s;
       const size_t off = ch.offset(j) + seg(j).offset(s);
-      out_size[q] = onebit_encode(x + off, state->worker.data() + off, seg(j).size(s),
-                                  send + out.at[q], c.enc[q]);
+      out_size[q] =
+          codec.onebit_encode(x + off, worker + off, seg(j).size(s), send + out.at[q], c.enc[q]);
       if (j == m) continue;
       sizes_up[s]->send(parts[j], span(&out_size[q], sizeof(uint64_t)));
       up[s]->send(parts[j], span(send + out.at[q], out_size[q]));
@@ -151,11 +148,11 @@ void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>&
     up[s]->wait();
     float* a = acc + mine.offset(s);
     for (size_t i = 0; i < P; ++i) {
-      const uint8_t* from = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
-      onebit_decode(from, mine.size(s), alpha, i > 0, a, c.recv[i * S + s]);
+      uint8_t* from = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
+      codec.onebit_decode(from, mine.size(s), alpha, i > 0, a, c.recv[i * S + s], i == m);
     }
-    res_size[s] = onebit_encode(a, state->server.data() + mine.offset(s), mine.size(s),
-                                result + res.at[s], c.server[s]);
+    res_size[s] = codec.onebit_encode(a, server + mine.offset(s), mine.size(s), result + res.at[s],
+                                      c.server[s]);
     for (size_t i = 0; i < P; ++i) {
       if (i == m) continue;
       sizes_down[s]->send(parts[i], span(&res_size[s], sizeof(uint64_t)));
@@ -172,23 +169,24 @@ void onebit_flat(Communicator& comm, float* x, size_t n, const std::vector<int>&
     }
     down[s]->wait();
     for (size_t j = 0; j < P; ++j) {
-      const uint8_t* from = j == m ? result + res.at[s] : gathered + back.at[j * S + s];
-      onebit_decode(from, seg(j).size(s), 1.0f, false, x + ch.offset(j) + seg(j).offset(s),
-                    c.gather[j * S + s]);
+      uint8_t* from = j == m ? result + res.at[s] : gathered + back.at[j * S + s];
+      codec.onebit_decode(from, seg(j).size(s), 1.0f, false, x + ch.offset(j) + seg(j).offset(s),
+                          c.gather[j * S + s], j == m);
     }
   }
 }
 
 // The schedule of compressed.h over `parts` (this rank is parts[me]), on x in place.
-void flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me, Wire wire,
-          float alpha, WireState* state, Deadline deadline) {
-  if (wire == Wire::kOnebit) return onebit_flat(comm, x, n, parts, me, alpha, state, deadline);
-  half_flat(comm, x, n, parts, me, wire, alpha, buffers.send, buffers.recv, buffers.gathered,
-            buffers.acc, deadline);
+void flat(Communicator& comm, WireCodec& codec, float* x, size_t n, const std::vector<int>& parts,
+          int me, Wire wire, float alpha, WireState* state, Deadline deadline) {
+  if (wire == Wire::kOnebit) {
+    return onebit_flat(comm, codec, x, n, parts, me, alpha, state, deadline);
+  }
+  half_flat(comm, codec, x, n, parts, me, wire, alpha, deadline);
 }
 
 // Full precision inside this rank's group, the schedule between the groups' leaders.
-void hierarchical(Communicator& comm, float* x, size_t n,
+void hierarchical(Communicator& comm, WireCodec& codec, float* x, size_t n,
                   const std::vector<std::vector<int>>& groups, Wire wire, float alpha,
                   WireState* state, Deadline deadline) {
   const int rank = comm.rank();
@@ -203,8 +201,11 @@ void hierarchical(Communicator& comm, float* x, size_t n,
     leaders.push_back(g.front());
   }
   PYRING_CHECK(group != nullptr, Error, "rank ", rank, " is in no top-level group");
-  const Span whole{reinterpret_cast<uint8_t*>(x), n * sizeof(float)};
+  const size_t bytes = n * sizeof(float);
+  uint8_t* host = codec.wire(bytes);  // x on the host (itself on a host site)
+  const Span whole{host, bytes};
   if (rank != group->front()) {
+    codec.download(host, x, bytes);
     {
       Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
       ex.send(group->front(), whole);
@@ -213,22 +214,22 @@ void hierarchical(Communicator& comm, float* x, size_t n,
     Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
     ex.recv(group->front(), whole);
     ex.wait();
+    codec.upload(x, host, bytes);
     return;
   }
   const size_t members = group->size() - 1;
-  float* parts = grown(buffers.parts, members * n);
+  float* parts = reinterpret_cast<float*>(codec.wire(members * bytes));
   {
     Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
     for (size_t k = 0; k < members; ++k) {
-      ex.recv((*group)[k + 1], Span{reinterpret_cast<uint8_t*>(parts + k * n), n * sizeof(float)});
+      ex.recv((*group)[k + 1], Span{reinterpret_cast<uint8_t*>(parts + k * n), bytes});
     }
     ex.wait();
   }
-  for (size_t k = 0; k < members; ++k) {  // in rank order: the same sum on every run
-    const float* p = parts + k * n;
-    for (size_t i = 0; i < n; ++i) x[i] += p[i];
-  }
-  flat(comm, x, n, leaders, me, wire, alpha, state, deadline);
+  // In rank order: the same sum on every run.
+  for (size_t k = 0; k < members; ++k) codec.add(x, parts + k * n, n);
+  flat(comm, codec, x, n, leaders, me, wire, alpha, state, deadline);
+  codec.download(host, x, bytes);
   Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
   for (size_t k = 0; k < members; ++k) ex.send((*group)[k + 1], whole);
   ex.wait();
@@ -250,6 +251,48 @@ size_t WireState::mask_bytes(size_t n, int participants, int index) {
   size_t total = 0;
   for (size_t s : cache_sizes(n, participants, index)) total += onebit_cache_bytes(s);
   return total;
+}
+
+WireState::~WireState() {
+  drop_device();
+}
+
+void WireState::drop_device() noexcept {
+  if (!queue_) return;
+  DeviceRuntime& rt = device_runtime(queue_->device().kind);
+  const int index = queue_->device().index;
+  try {
+    rt.synchronize(index, queue_->stream());  // its kernels may still use the memory
+  } catch (const std::exception&) {           // a broken stream runs nothing more
+  }
+  rt.free(index, device_);
+  device_ = nullptr;
+  queue_.reset();
+}
+
+void WireState::to_host() {
+  if (!queue_) return;
+  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
+  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
+  device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
+  drop_device();
+}
+
+std::pair<float*, float*> WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
+  if (queue_ != queue) {
+    to_host();
+    if (queue) {
+      DeviceRuntime& rt = device_runtime(queue->device().kind);
+      const int index = queue->device().index;
+      const size_t total = worker.size() + server.size();
+      device_ = static_cast<float*>(rt.alloc(index, total * sizeof(float)));
+      queue_ = queue;
+      queue->copy_async(device_, worker.data(), worker.size() * sizeof(float));
+      queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(float));
+    }
+  }
+  if (queue_) return {device_, device_ + worker.size()};
+  return {worker.data(), server.data()};
 }
 
 void WireState::bind(size_t n, int participants, int index) {
@@ -300,36 +343,38 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
   const size_t head = x.count - exact_tail;
   if (comm.size() == 1) return;  // sum and avg over one rank
   const std::vector<std::vector<int>> groups = select_compressed(comm, wire_name(wire), head, algo);
+  std::shared_ptr<DeviceQueue> queue;
+  if (!x.device.is_cpu()) {
+    PYRING_CHECK_ARG(dt != DType::kFloat64, "all_reduce: wire ", wire_name(wire),
+                     " on a device takes float32, float16 or bfloat16, got float64");
+    queue = comm.device_queue(x.device);
+  }
+  WireCodec codec = queue ? WireCodec(*queue) : WireCodec();
   float* f = static_cast<float*>(x.data);
   if (dt != DType::kFloat32) {
-    f = grown(buffers.wide, head);
-    if (dt == DType::kFloat64) {
-      const double* d = static_cast<const double*>(x.data);
-      for (size_t i = 0; i < head; ++i) f[i] = static_cast<float>(d[i]);
-    } else {
-      wire_cast(dt, DType::kFloat32, x.data, f, head);
-    }
+    f = codec.values(head);
+    codec.to_float(x.data, dt, f, head);
   }
   const float alpha = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(comm.size()) : 1.0f;
   if (groups.empty()) {
     std::vector<int> all(static_cast<size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
-    flat(comm, f, head, all, comm.rank(), wire, alpha, state, deadline);
+    flat(comm, codec, f, head, all, comm.rank(), wire, alpha, state, deadline);
   } else {
-    hierarchical(comm, f, head, groups, wire, alpha, state, deadline);
+    hierarchical(comm, codec, f, head, groups, wire, alpha, state, deadline);
   }
-  if (dt == DType::kFloat64) {
-    double* d = static_cast<double*>(x.data);
-    for (size_t i = 0; i < head; ++i) d[i] = f[i];
-  } else if (dt != DType::kFloat32) {
-    wire_cast(DType::kFloat32, dt, f, x.data, head);
-  }
+  if (dt != DType::kFloat32) codec.from_float(f, dt, x.data, head);
   if (exact_tail > 0) {
     BufferView tail = x;
-    tail.data = x.at(head);
     tail.count = exact_tail;
+    tail.device = Device{};
+    tail.stream = 0;
+    tail.data = codec.wire(tail.bytes());
+    codec.download(tail.data, x.at(head), tail.bytes());
     allreduce(comm, tail, tail, op, Algo::kAuto, deadline);
+    codec.upload(x.at(head), tail.data, tail.bytes());
   }
+  codec.finish();
 }
 
 }  // namespace pyring

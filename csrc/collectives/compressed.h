@@ -19,7 +19,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/communicator.h"
@@ -35,17 +37,36 @@ Wire wire_from_int(int v);  // throws InvalidArgument naming the valid wires
 // The error feedback of one bucket on the onebit wire, updated by the collective: residuals and
 // the mask caches of every stream of the schedule, laid out as
 // enc[P] (chunk sizes), recv[P] (own chunk), server (own chunk), gather[P] (chunk sizes).
-// Sized at first use for (n, participants, index); any other shape is refused.
+// Sized at first use for (n, participants, index); any other shape is refused. The residuals
+// live where the bucket does: a call on a device moves them there, and the host vectors are
+// then stale until to_host(). The mask caches stay on the host.
 struct WireState {
   std::vector<float> worker;   // n
   std::vector<float> server;   // the owned chunk
   std::vector<uint8_t> masks;  // the mask caches
+
+  WireState() = default;
+  ~WireState();
+  WireState(const WireState&) = delete;
+  WireState& operator=(const WireState&) = delete;
+
+  // (worker, server) for a call at `queue`'s device (null: the host), moved there first. The
+  // thread running the collective calls it; the state is bound.
+  std::pair<float*, float*> residuals(const std::shared_ptr<DeviceQueue>& queue);
+  // The residuals back in the host vectors, waiting for the device; none stay on it.
+  void to_host();
+  // Forgets the device's copy without reading it (the host vectors are being replaced).
+  void drop_device() noexcept;
 
   // Allocates zeroed state for the shape, or checks the held one (restored from a checkpoint)
   // matches it. Throws InvalidArgument naming both shapes.
   void bind(size_t n, int participants, int index);
   // Mask cache bytes of the shape.
   static size_t mask_bytes(size_t n, int participants, int index);
+
+ private:
+  std::shared_ptr<DeviceQueue> queue_;  // where the residuals are, while on a device
+  float* device_ = nullptr;             // worker, then server, in the queue's device memory
 };
 
 // Validates a call before any byte moves, on the caller's thread: op sum or avg, a floating
@@ -54,10 +75,12 @@ struct WireState {
 void check_compressed(const Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
                       ReduceOp op, WireState* state, Algo algo);
 
-// x (dtype float32, float64, float16 or bfloat16; host memory) = sum or avg over every rank,
-// in place; the call was checked by check_compressed. `state` is required for (and only used by)
-// onebit. algo kAuto or kTree may go hierarchical; kRing and kDirect keep the flat schedule. The
-// fp32 wire is the ordinary allreduce.
+// x (dtype float32, float64, float16 or bfloat16) = sum or avg over every rank, in place; the
+// call was checked by check_compressed. x is host memory, or device memory (not float64) whose
+// kernels and copies go on x.stream, its DeviceQueue's stream: the codec runs on the device and
+// only encoded bytes cross to the host (collectives/wire_codec.h). `state` is required for (and
+// only used by) onebit. algo kAuto or kTree may go hierarchical; kRing and kDirect keep the flat
+// schedule. The fp32 wire is the ordinary allreduce.
 void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
                           ReduceOp op, WireState* state, Algo algo, Deadline deadline);
 

@@ -36,10 +36,8 @@ size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
   return 2 * n;
 }
 
-void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& parts, int me,
-               Wire wire, float alpha, std::vector<uint8_t>& send_buf,
-               std::vector<uint8_t>& recv_buf, std::vector<uint8_t>& back_buf,
-               std::vector<float>& acc_buf, Deadline deadline) {
+void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
+               const std::vector<int>& parts, int me, Wire wire, float alpha, Deadline deadline) {
   const size_t P = parts.size(), m = static_cast<size_t>(me);
   const Chunks ch{n, P};
   const size_t own = ch.size(m);
@@ -48,10 +46,10 @@ void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& p
   const size_t widest = ch.size(0);
   const size_t S = widest == 0 ? 1 : (widest + kHalfSegmentElems - 1) / kHalfSegmentElems;
   auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
-  uint8_t* send = grown(send_buf, 2 * n);        // chunk j at 2 * offset(j)
-  uint8_t* recv = grown(recv_buf, 2 * P * own);  // copy i of the owned chunk at 2 * i * own
-  uint8_t* back = grown(back_buf, 2 * n);        // chunk j's result at 2 * offset(j)
-  float* acc = grown(acc_buf, own);
+  uint8_t* send = codec.wire(2 * n);        // chunk j at 2 * offset(j)
+  uint8_t* recv = codec.wire(2 * P * own);  // copy i of the owned chunk at 2 * i * own
+  uint8_t* back = codec.wire(2 * n);        // chunk j's result at 2 * offset(j)
+  float* acc = codec.values(own);
   const Chunks mine = seg(m);
   // Phase A: segment s of chunk j to its owner. Receives are posted first, one Exchange per
   // segment so that each can be waited for on its own. Messages of a pair match in the order
@@ -80,7 +78,7 @@ void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& p
       const size_t j = (m + k) % P;
       const Chunks c = seg(j);
       const size_t off = ch.offset(j) + c.offset(s);
-      half_encode(wire, x + off, c.size(s), send + 2 * off);
+      codec.half_encode(wire, x + off, c.size(s), send + 2 * off, j == m);
       if (j != m) up[s]->send(parts[j], Span{send + 2 * off, 2 * c.size(s)});
     }
   }
@@ -90,13 +88,16 @@ void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& p
     up[s]->wait();
     const size_t len = mine.size(s);
     float* a = acc + mine.offset(s);
+    std::vector<const uint8_t*> copies(P);
+    std::vector<bool> local(P);
     for (size_t i = 0; i < P; ++i) {
-      const uint8_t* from = i == m ? send + 2 * (ch.offset(m) + mine.offset(s))
-                                   : recv + 2 * (i * own + mine.offset(s));
-      half_decode(wire, from, len, alpha, i > 0, a);
+      copies[i] = i == m ? send + 2 * (ch.offset(m) + mine.offset(s))
+                         : recv + 2 * (i * own + mine.offset(s));
+      local[i] = i == m;
     }
+    codec.half_sum(wire, copies.data(), local, len, alpha, comm.size(), a);
     uint8_t* out = back + 2 * (ch.offset(m) + mine.offset(s));
-    half_encode(wire, a, len, out);
+    codec.half_encode(wire, a, len, out);
     for (size_t i = 0; i < P; ++i) {
       if (i != m) down[s]->send(parts[i], Span{out, 2 * len});
     }
@@ -107,7 +108,7 @@ void half_flat(Communicator& comm, float* x, size_t n, const std::vector<int>& p
     for (size_t j = 0; j < P; ++j) {
       const Chunks c = seg(j);
       const size_t off = ch.offset(j) + c.offset(s);
-      half_decode(wire, back + 2 * off, c.size(s), 1.0f, false, x + off);
+      codec.half_decode(wire, back + 2 * off, c.size(s), x + off, j == m);
     }
   }
 }

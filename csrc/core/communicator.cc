@@ -114,6 +114,13 @@ Link& Communicator::link(int peer) {
   return *links_[static_cast<size_t>(peer)];
 }
 
+uint64_t Communicator::device_host_bytes() const {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  uint64_t total = 0;
+  for (const auto& q : device_queues_) total += q->host_device_bytes();
+  return total;
+}
+
 std::shared_ptr<DeviceQueue> Communicator::device_queue(const Device& device) {
   std::lock_guard<std::mutex> lock(device_mu_);
   for (const auto& q : device_queues_) {

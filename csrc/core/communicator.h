@@ -112,6 +112,8 @@ class Communicator {
   // The queue that orders and stages this communicator's collectives on `device`, made on
   // first use. Thread-safe.
   std::shared_ptr<DeviceQueue> device_queue(const Device& device);
+  // Bytes copied between the devices and the host by the device queues, ever.
+  uint64_t device_host_bytes() const;
 
   // Links that carry device memory to the peers the algorithms need, over `transport`, with
   // the queue of their device, whose stream their copies use. Set at most once, at init,
@@ -189,7 +191,7 @@ class Communicator {
   std::set<std::string> logged_;  // guarded by log_mu_
   std::mutex choice_mu_;
   std::unordered_map<size_t, Algo> choices_;  // guarded by choice_mu_
-  std::mutex device_mu_;
+  mutable std::mutex device_mu_;
   std::vector<std::shared_ptr<DeviceQueue>> device_queues_;  // guarded by device_mu_
   std::shared_ptr<P2pEngine> p2p_;
   ProgressEngine engine_;  // last: its thread stops before the links go away

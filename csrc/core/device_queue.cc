@@ -11,7 +11,11 @@ size_t aligned(size_t n) {
 }
 }  // namespace
 
-DeviceQueue::DeviceQueue(Device device) : device_(device), rt_(device_runtime(device.kind)) {
+DeviceQueue::DeviceQueue(Device device)
+    : device_(device),
+      rt_(device_runtime(device.kind)),
+      pinned_arena_(ScratchArena::Kind::kPinned, &rt_, device.index),
+      device_arena_(ScratchArena::Kind::kDevice, &rt_, device.index) {
   PYRING_CHECK_ARG(!device.is_cpu(), "a device queue needs a device, not the host");
   flags_ = static_cast<Flag*>(rt_.alloc_host(device_.index, (2 * kSlots + 1) * sizeof(Flag)));
   for (size_t i = 0; i < 2 * kSlots + 1; ++i) new (&flags_[i]) Flag(0);
@@ -97,7 +101,7 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
       host[i] = base + off;
       off += aligned(regions[i].bytes);
       if (regions[i].read && regions[i].bytes > 0) {
-        rt_.copy_async(device_.index, host[i], regions[i].data, regions[i].bytes, stream_);
+        copy_async(host[i], regions[i].data, regions[i].bytes);
         copies = true;
       }
     }
@@ -107,10 +111,16 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
     fn(deadline, host.data());
     for (size_t i = 0; i < regions.size(); ++i) {
       if (regions[i].write && regions[i].bytes > 0) {
-        rt_.copy_async(device_.index, regions[i].data, host[i], regions[i].bytes, stream_);
+        copy_async(regions[i].data, host[i], regions[i].bytes);
       }
     }
   });
+}
+
+void DeviceQueue::copy_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  rt_.copy_async(device_.index, dst, src, bytes, stream_);
+  host_device_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 uint64_t DeviceQueue::mark_copied() {
@@ -132,7 +142,7 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
     // Chunk k+1's copy in is queued after chunk k-1's copy back, which read the same slot.
     auto copy_in = [&](size_t k) {
       if (count_of(k) > 0) {
-        rt_.copy_async(device_.index, slot_of(k), in.at(k * chunk), count_of(k) * esz, stream_);
+        copy_async(slot_of(k), in.at(k * chunk), count_of(k) * esz);
       }
       return mark_copied();
     };
@@ -142,7 +152,7 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
       if (k + 1 < chunks) next = copy_in(k + 1);
       fn(deadline, slot_of(k), k * chunk, count_of(k));
       if (count_of(k) > 0) {
-        rt_.copy_async(device_.index, out.at(k * chunk), slot_of(k), count_of(k) * esz, stream_);
+        copy_async(out.at(k * chunk), slot_of(k), count_of(k) * esz);
       }
     }
   });

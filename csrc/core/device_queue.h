@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/scratch_arena.h"
 #include "core/types.h"
 #include "device/runtime.h"
 
@@ -73,6 +74,15 @@ class DeviceQueue {
   StreamId stream() const { return stream_; }
   // Device scratch memory for the collective that runs now; valid until the next call.
   uint8_t* device_scratch(size_t bytes);
+  // Queues a copy between device memory and host memory on stream(), counted in
+  // host_device_bytes().
+  void copy_async(void* dst, const void* src, size_t bytes);
+  // Bytes copied between this device and the host by this queue, ever.
+  uint64_t host_device_bytes() const { return host_device_bytes_.load(); }
+  // Pinned host and device memory for the collective that runs now, taken as it goes (see
+  // ScratchArena); the collective resets both once pyring's stream has drained.
+  ScratchArena& pinned_arena() { return pinned_arena_; }
+  ScratchArena& device_arena() { return device_arena_; }
   // Caller's thread: queues on `stream` a wait for the ticket's done flag.
   void order_after(StreamId stream, uint64_t ticket);
   // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
@@ -107,10 +117,13 @@ class DeviceQueue {
   Flag* done_ = nullptr;
   Flag* copied_ = nullptr;
   std::atomic<uint64_t> next_ticket_{0};
+  std::atomic<uint64_t> host_device_bytes_{0};
   uint8_t* staging_ = nullptr;  // touched only by the running collective
   size_t staging_bytes_ = 0;
   uint8_t* scratch_ = nullptr;  // device memory; touched only by the running collective
   size_t scratch_bytes_ = 0;
+  ScratchArena pinned_arena_;
+  ScratchArena device_arena_;
   uint64_t copy_seq_ = 0;  // copied_'s last queued value; touched only by the running collective
 };
 

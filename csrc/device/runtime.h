@@ -64,6 +64,8 @@ class DeviceRuntime {
   virtual void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
                     StreamId s) = 0;
   // Encodes without mask caches; synchronizes s to return the bytes written and the header.
+  // Decode reads the segment (header, signs, mask) at `encoded` but takes its header from
+  // `header` (the host's copy); a kMaskCached header is refused.
   virtual size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
                                OnebitHeader* header, StreamId s) = 0;
   virtual void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded,

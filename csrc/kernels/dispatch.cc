@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/errors.h"
 #include "device/runtime.h"
 #include "kernels/reduce.h"
 #include "kernels/wire_cast.h"
@@ -57,6 +58,29 @@ void copy(const KernelSite& site, void* dst, const void* src, size_t bytes) {
 void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n) {
   if (site.on_host()) return wire_cast(from, to, in, out, n);
   rt(site).cast(site.device.index, from, to, in, out, n, site.stream);
+}
+
+size_t onebit_encode(const KernelSite& site, const float* in, float* residual, size_t n,
+                     uint8_t* out, uint8_t* cache, OnebitHeader* header) {
+  if (site.on_host()) {
+    const size_t bytes = pyring::onebit_encode(in, residual, n, out, cache);
+    std::memcpy(header, out, sizeof(OnebitHeader));
+    return bytes;
+  }
+  PYRING_CHECK_ARG(cache == nullptr, "one-bit encode on a device takes no mask cache");
+  return rt(site).onebit_encode(site.device.index, in, residual, n, out, header, site.stream);
+}
+
+void onebit_decode(const KernelSite& site, const OnebitHeader& header, const uint8_t* encoded,
+                   size_t n, float alpha, bool accumulate, float* out, uint8_t* cache) {
+  if (site.on_host()) {
+    PYRING_CHECK_ARG(std::memcmp(&header, encoded, sizeof header) == 0,
+                     "one-bit decode: the header given differs from the segment's");
+    return pyring::onebit_decode(encoded, n, alpha, accumulate, out, cache);
+  }
+  PYRING_CHECK_ARG(cache == nullptr, "one-bit decode on a device takes no mask cache");
+  rt(site).onebit_decode(site.device.index, header, encoded, n, alpha, accumulate, out,
+                         site.stream);
 }
 
 }  // namespace pyring::kern

@@ -184,45 +184,52 @@ size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, u
       }
     }
   }
-  const size_t mask_bytes = (n + 7) / 8;
-  if (zeros) {
-    CacheHead c{0, 0};
-    if (cache) std::memcpy(&c, cache, sizeof(c));
-    uint8_t* cached = cache ? cache + sizeof(CacheHead) : nullptr;
-    if (c.valid && std::memcmp(cached, mask, mask_bytes) == 0) {
-      h.zeros = kMaskCached;
-      h.mask_hash = c.hash;
-    } else if (cache) {
-      // Only a stream with caches reads the hash: without one, no kMaskCached ever follows.
-      h.mask_hash = onebit_mask_hash(mask, mask_bytes);
-      std::memcpy(cached, mask, mask_bytes);
-      c = {1u, h.mask_hash};
-      std::memcpy(cache, &c, sizeof(c));
-    }
-  }
   std::memcpy(out, &h, sizeof(h));
-  return onebit_bytes(out, n);
+  return onebit_cache_encoded(out, n, cache);
 }
 
-void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out,
-                   uint8_t* cache) {
+size_t onebit_cache_encoded(uint8_t* encoded, size_t n, uint8_t* cache) {
   OnebitHeader h;
   std::memcpy(&h, encoded, sizeof(h));
+  if (h.zeros != kMaskFollows || cache == nullptr) return onebit_bytes(encoded, n);
+  const size_t mask_bytes = (n + 7) / 8;
+  const uint8_t* mask = encoded + sizeof(OnebitHeader) + mask_bytes;
+  CacheHead c;
+  std::memcpy(&c, cache, sizeof(c));
+  uint8_t* cached = cache + sizeof(CacheHead);
+  if (c.valid && std::memcmp(cached, mask, mask_bytes) == 0) {
+    h.zeros = kMaskCached;
+    h.mask_hash = c.hash;
+  } else {
+    // Only a stream with caches reads the hash: without one, no kMaskCached ever follows.
+    h.mask_hash = onebit_mask_hash(mask, mask_bytes);
+    std::memcpy(cached, mask, mask_bytes);
+    c = {1u, h.mask_hash};
+    std::memcpy(cache, &c, sizeof(c));
+  }
+  std::memcpy(encoded, &h, sizeof(h));
+  return onebit_bytes(encoded, n);
+}
+
+namespace {
+
+// The segment's mask (null: none), checked against and kept in `cache` as onebit_decode says.
+const uint8_t* mask_of(const OnebitHeader& h, const uint8_t* signs, size_t n, uint8_t* cache) {
   PYRING_CHECK(h.count == static_cast<uint32_t>(n), CommError, "one-bit segment holds ", h.count,
                " values, the decoder expects ", n);
   PYRING_CHECK(h.zeros <= kMaskCached, CommError, "one-bit segment: unknown zero-mask mode ",
                h.zeros);
-  const uint8_t* signs = encoded + sizeof(OnebitHeader);
   const size_t mask_bytes = (n + 7) / 8;
-  const uint8_t* mask = nullptr;
   if (h.zeros == kMaskFollows) {
-    mask = signs + mask_bytes;
+    const uint8_t* mask = signs + mask_bytes;
     if (cache) {
       std::memcpy(cache + sizeof(CacheHead), mask, mask_bytes);
       const CacheHead c{1u, h.mask_hash};
       std::memcpy(cache, &c, sizeof(c));
     }
-  } else if (h.zeros == kMaskCached) {
+    return mask;
+  }
+  if (h.zeros == kMaskCached) {
     CacheHead c{0, 0};
     if (cache) std::memcpy(&c, cache, sizeof(c));
     PYRING_CHECK(c.valid && c.hash == h.mask_hash, CommError,
@@ -230,8 +237,30 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
                  ") that this decoder ", c.valid ? "does not hold" : "never received",
                  ": the two sides' mask caches are out of step (one side's state was reset "
                  "or restored from another step)");
-    mask = cache + sizeof(CacheHead);
+    return cache + sizeof(CacheHead);
   }
+  return nullptr;
+}
+
+}  // namespace
+
+void onebit_uncache(uint8_t* encoded, size_t n, uint8_t* cache) {
+  OnebitHeader h;
+  std::memcpy(&h, encoded, sizeof(h));
+  uint8_t* signs = encoded + sizeof(OnebitHeader);
+  const uint8_t* mask = mask_of(h, signs, n, cache);
+  if (h.zeros != kMaskCached) return;
+  std::memcpy(signs + (n + 7) / 8, mask, (n + 7) / 8);
+  h.zeros = kMaskFollows;
+  std::memcpy(encoded, &h, sizeof(h));
+}
+
+void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out,
+                   uint8_t* cache) {
+  OnebitHeader h;
+  std::memcpy(&h, encoded, sizeof(h));
+  const uint8_t* signs = encoded + sizeof(OnebitHeader);
+  const uint8_t* mask = mask_of(h, signs, n, cache);
   const float pos = alpha * h.scale;
   size_t j = 0;
 #if defined(__SSE2__)

@@ -57,6 +57,17 @@ uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes);
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
                      uint8_t* cache = nullptr);
 
+// The mask caches applied to a segment that was encoded with none (a device encoder's): when
+// its mask equals the cache's, the header becomes kMaskCached and the mask is dropped;
+// otherwise the cache takes the mask and the header its hash. The segment then reads as if
+// onebit_encode had written it with `cache`. Returns its bytes.
+size_t onebit_cache_encoded(uint8_t* encoded, size_t n, uint8_t* cache);
+
+// The decoder side of the same: the segment at `encoded` (room for onebit_max_bytes(n)) gets
+// its mask back from `cache` when it names the cached one, and a mask it carries goes into
+// the cache, as onebit_decode does; it then decodes with no cache. Throws as onebit_decode.
+void onebit_uncache(uint8_t* encoded, size_t n, uint8_t* cache);
+
 // out[i] = alpha * decode(i), or out[i] += alpha * decode(i) when `accumulate`. `cache` (null:
 // none) is this stream's decoder-side mask cache. Throws CommError, before writing to out, when
 // the segment's count is not n, or it names a cached mask that `cache` does not hold.

@@ -129,7 +129,7 @@ class Sim final : public SimRuntime {
   }
   void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
                      float alpha, bool accumulate, float* out, StreamId s) override {
-    // The host decoder reads the header in front of the signs, as the wire carries it.
+    // The host decoder reads the header in front of the signs: the caller's, as on the device.
     OnebitHeader h = header;
     PYRING_CHECK_ARG(h.zeros != kMaskCached, "device segments never use the mask caches");
     stream(index, s).enqueue([=] {
@@ -137,7 +137,7 @@ class Sim final : public SimRuntime {
       std::unique_ptr<uint8_t[]> seg(new uint8_t[sizeof(OnebitHeader) + payload]);
       std::memcpy(seg.get(), &h, sizeof h);
       const size_t have = (h.zeros == kMaskFollows ? 2 : 1) * ((n + 7) / 8);
-      std::memcpy(seg.get() + sizeof h, encoded, have);
+      std::memcpy(seg.get() + sizeof h, encoded + sizeof h, have);
       pyring::onebit_decode(seg.get(), n, alpha, accumulate, out);
     });
   }

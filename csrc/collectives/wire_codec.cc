@@ -1,0 +1,187 @@
+#include "collectives/wire_codec.h"
+
+#include <cstring>
+
+#include "collectives/compressed_half.h"
+#include "core/errors.h"
+#include "core/scratch_arena.h"
+#include "device/runtime.h"
+
+namespace pyring {
+
+namespace {
+
+// The host's wire and values memory, reused by every call on this thread.
+ScratchArena& host_arena() {
+  thread_local ScratchArena arena(ScratchArena::Kind::kHost, nullptr, -1);
+  return arena;
+}
+
+DType wire_dtype(Wire w) {
+  return w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16;
+}
+
+}  // namespace
+
+WireCodec::WireCodec() = default;
+
+WireCodec::WireCodec(DeviceQueue& queue) : site_{queue.device(), queue.stream()}, queue_(&queue) {}
+
+WireCodec::~WireCodec() {
+  if (finished_) return;
+  try {
+    sync();
+  } catch (const std::exception&) {  // the stream is broken: nothing queued on it runs
+  }
+  if (queue_) {
+    queue_->pinned_arena().reset();
+    queue_->device_arena().reset();
+  } else {
+    host_arena().reset();
+  }
+}
+
+void WireCodec::sync() {
+  if (queue_) device_runtime(site_.device.kind).synchronize(site_.device.index, site_.stream);
+}
+
+void WireCodec::finish() {
+  sync();
+  finished_ = true;
+  if (queue_) {
+    queue_->pinned_arena().reset();
+    queue_->device_arena().reset();
+  } else {
+    host_arena().reset();
+  }
+}
+
+uint8_t* WireCodec::wire(size_t bytes) {
+  if (!queue_) return host_arena().take(bytes);
+  Region r{queue_->pinned_arena().take(bytes), queue_->device_arena().take(bytes), bytes};
+  regions_.push_back(r);
+  return r.host;
+}
+
+float* WireCodec::values(size_t count) {
+  ScratchArena& a = queue_ ? queue_->device_arena() : host_arena();
+  return reinterpret_cast<float*>(a.take(count * sizeof(float)));
+}
+
+uint8_t* WireCodec::mirror(const void* p) const {
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  for (const Region& r : regions_) {
+    if (q >= r.host && q < r.host + r.bytes) return r.device + (q - r.host);
+  }
+  PYRING_CHECK(false, Error, "wire codec: ", p, " is not wire memory of this call");
+  return nullptr;
+}
+
+void WireCodec::download(void* host, const void* x, size_t bytes) {
+  if (!queue_) {
+    if (host != x) std::memcpy(host, x, bytes);
+    return;
+  }
+  if (bytes == 0) return;
+  queue_->copy_async(host, x, bytes);
+  sync();
+}
+
+void WireCodec::upload(void* x, const void* host, size_t bytes) {
+  if (!queue_) {
+    if (host != x) std::memcpy(x, host, bytes);
+    return;
+  }
+  queue_->copy_async(x, host, bytes);
+}
+
+size_t WireCodec::onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
+                                uint8_t* cache) {
+  OnebitHeader h;
+  if (!queue_) return kern::onebit_encode(site_, in, residual, n, out, cache, &h);
+  const size_t bytes = kern::onebit_encode(site_, in, residual, n, mirror(out), nullptr, &h);
+  download(out, mirror(out), bytes);
+  return onebit_cache_encoded(out, n, cache);
+}
+
+void WireCodec::onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
+                              uint8_t* cache, bool local) {
+  OnebitHeader h;
+  if (!queue_) {
+    std::memcpy(&h, enc, sizeof h);
+    return kern::onebit_decode(site_, h, enc, n, alpha, accumulate, out, cache);
+  }
+  // The caches on the host; the device's copy then carries its mask. A local segment's
+  // mirror holds it as the device encoded it, mask included.
+  onebit_uncache(enc, n, cache);
+  std::memcpy(&h, enc, sizeof h);
+  if (!local) upload(mirror(enc), enc, onebit_bytes(enc, n));
+  kern::onebit_decode(site_, h, mirror(enc), n, alpha, accumulate, out, nullptr);
+}
+
+void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local) {
+  if (!queue_) {
+    pyring::half_encode(w, in, n, out);
+    return;
+  }
+  kern::cast(site_, DType::kFloat32, wire_dtype(w), in, mirror(out), n);
+  if (!local) download(out, mirror(out), 2 * n);
+}
+
+void WireCodec::half_sum(Wire w, const uint8_t* const* copies, const std::vector<bool>& local,
+                         size_t n, float alpha, int world, float* out) {
+  if (!queue_) {
+    for (size_t k = 0; k < local.size(); ++k) {
+      pyring::half_decode(w, copies[k], n, alpha, k > 0, out);
+    }
+    return;
+  }
+  const DType dt = wire_dtype(w);
+  for (size_t k = 0; k < local.size(); ++k) {
+    uint8_t* src = mirror(copies[k]);
+    if (!local[k]) upload(src, copies[k], 2 * n);
+    if (k == 0) {
+      kern::cast(site_, dt, DType::kFloat32, src, out, n);
+    } else {
+      kern::accumulate(site_, dt, ReduceOp::kSum, src, out, out, n);
+    }
+  }
+  if (alpha != 1.0f) kern::finish_wide(site_, DType::kFloat32, ReduceOp::kAvg, out, out, n, world);
+}
+
+void WireCodec::half_decode(Wire w, const uint8_t* enc, size_t n, float* out, bool local) {
+  if (!queue_) return pyring::half_decode(w, enc, n, 1.0f, false, out);
+  uint8_t* src = mirror(enc);
+  if (!local) upload(src, enc, 2 * n);
+  kern::cast(site_, wire_dtype(w), DType::kFloat32, src, out, n);
+}
+
+void WireCodec::add(float* x, const float* part, size_t n) {
+  if (!queue_) {
+    for (size_t i = 0; i < n; ++i) x[i] += part[i];
+    return;
+  }
+  uint8_t* src = mirror(part);
+  upload(src, part, n * sizeof(float));
+  kern::accumulate(site_, DType::kFloat32, ReduceOp::kSum, src, x, x, n);
+}
+
+void WireCodec::to_float(const void* x, DType dtype, float* f, size_t n) {
+  if (!queue_ && dtype == DType::kFloat64) {
+    const double* d = static_cast<const double*>(x);
+    for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(d[i]);
+    return;
+  }
+  kern::cast(site_, dtype, DType::kFloat32, x, f, n);
+}
+
+void WireCodec::from_float(const float* f, DType dtype, void* x, size_t n) {
+  if (!queue_ && dtype == DType::kFloat64) {
+    double* d = static_cast<double*>(x);
+    for (size_t i = 0; i < n; ++i) d[i] = f[i];
+    return;
+  }
+  kern::cast(site_, DType::kFloat32, dtype, f, x, n);
+}
+
+}  // namespace pyring

@@ -1,0 +1,53 @@
+// Scratch memory of one collective at a time, taken by bump allocation: pinned host memory or
+// device memory of one device (device/runtime.h), or plain host memory (no device).
+//
+// Pointers from take() stay valid until the next reset(). A call that outgrows the block gets
+// a new block beside it; reset() then frees the blocks and allocates one of their total size,
+// so that a call of a size seen before allocates nothing and takes no page faults. Used by one
+// thread at a time (the thread running the collective).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/types.h"
+
+namespace pyring {
+
+class DeviceRuntime;
+
+class ScratchArena {
+ public:
+  enum class Kind { kHost, kPinned, kDevice };
+  // kHost needs no runtime (rt null, index ignored).
+  ScratchArena(Kind kind, DeviceRuntime* rt, int index);
+  // The caller makes sure no queued copy or kernel still uses the memory.
+  ~ScratchArena();
+  ScratchArena(const ScratchArena&) = delete;
+  ScratchArena& operator=(const ScratchArena&) = delete;
+
+  // `bytes` of memory aligned to 256 bytes, valid until reset().
+  uint8_t* take(size_t bytes);
+  // Ends the current call's use. The caller makes sure no queued copy or kernel still uses
+  // what take() returned (a device stream has drained).
+  void reset();
+  // Memory held, for stats.
+  size_t capacity() const;
+
+ private:
+  struct Block {
+    uint8_t* p;
+    size_t bytes;
+  };
+  uint8_t* allocate(size_t bytes);
+  void release(uint8_t* p) noexcept;
+
+  Kind kind_;
+  DeviceRuntime* rt_;
+  int index_;
+  std::vector<Block> blocks_;  // blocks_[0] is the merged block of earlier calls
+  size_t used_ = 0;            // in the last block
+};
+
+}  // namespace pyring
