@@ -18,6 +18,8 @@ DEFINITIONS = {  # the contract of every reported number
     "(pyring's avg, torch.distributed's sum)",
     "exposed_s": "step(method, N) - step(compute, N)",
     "overlap": "1 - exposed / comm, clipped to [0, 1] (overlap_raw: unclipped)",
+    "predicted": "the cost model's step and speedup at each --predict rank count, every rank on "
+    "a device of its own (bench/_scaling_model.py)",
 }
 
 
@@ -64,7 +66,9 @@ def plot(
     except ImportError as e:
         return f"no PNG: {e}"
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    worlds = sorted({r["ranks"] for r in rows})
+    predicted = [r for r in rows if r.get("predicted")]
+    rows = [r for r in rows if not r.get("predicted")]
+    worlds = sorted({r["ranks"] for r in rows} | {r["ranks"] for r in predicted})
     ax.plot(worlds, worlds, "k--", lw=1, label="ideal (speedup = ranks)")
     for m in ["compute", *methods]:
         pts = sorted(
@@ -79,6 +83,9 @@ def plot(
             "o-" if m != "compute" else "s:",
             label="no communication (upper bound)" if m == "compute" else m,
         )
+    for m in sorted({r["method"] for r in predicted}):
+        pts = sorted((r["ranks"], r["speedup"]) for r in predicted if r["method"] == m)
+        ax.plot(*zip(*pts), ":", lw=1, label=f"{m} (cost model)")
     ax.set(xlabel="ranks", ylabel="speedup over 1 rank (samples/s)", title=title)
     ax.set_xticks(worlds, [str(w) for w in worlds])
     ax.grid(alpha=0.3)

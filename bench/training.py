@@ -111,6 +111,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         f"torchrun; default {','.join(map(str, worlds))})",
     )
     p.add_argument(
+        "--predict",
+        default="1,2,4,8,16",
+        help="scaling: rank counts for the cost model's prediction (bench/_scaling_model.py)",
+    )
+    p.add_argument(
         "--merge",
         nargs="+",
         metavar="JSON",
@@ -138,6 +143,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name} is not an option of --mode {args.mode}")
         elif isinstance(defaults[col], int) and getattr(args, key) < 1 and key != "warmup":
             p.error(f"--{name} must be >= 1")
+    args.predict = [int(w) for w in args.predict.split(",") if w]
     if args.mode == "step" and (args.ranks or args.merge):
         p.error("--ranks and --merge are options of --mode scaling")
     args.ranks = [int(w) for w in (args.ranks or ",".join(map(str, worlds))).split(",") if w]
@@ -193,6 +199,7 @@ def scaling_mode(
     """Runs --mode scaling (or merges earlier results); as step_mode, None on a torchrun rank
     other than 0."""
     import _scaling_mode as sm
+    from _scaling_model import predict, print_predictions
     from _speedup_report import DEFINITIONS, plot, print_table
 
     if args.merge:
@@ -208,8 +215,10 @@ def scaling_mode(
     cfg["params"] = next((v["params"] for v in runs.values() if v.get("status") == "ok"), 0)
     rows = sm.summarize(runs, cfg["batch"], METHODS)
     print_table(rows, cfg)
+    predicted = predict(rows, cfg, args.predict)
+    print_predictions(predicted)
     err = plot(
-        rows,
+        rows + predicted,
         out.with_suffix(".png"),
         f"CharGPT {cfg['params'] / 1e6:.1f} M params, "
         f"batch {cfg['batch']}/rank, {'GPU' if cfg['gpus'] else 'CPU'}",
@@ -221,6 +230,7 @@ def scaling_mode(
         "config": cfg,
         "runs": runs,
         "summary": rows,
+        "predicted": predicted,
         "definitions": DEFINITIONS,
     }
     return doc, all(v.get("status") == "ok" for v in runs.values())

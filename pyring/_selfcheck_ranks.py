@@ -17,8 +17,12 @@ KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
 # (world, library) in the order they run; "copies": a pinned D2H then H2D of the buffer.
 # "pyring" binds each rank to cuda:0 at init (cuda_ipc, the ring on the device);
 # "pyring-staged" binds at the first call (staged through pinned host memory).
+# "pyring-bf16" and "pyring-onebit": the compressed wires, their codec on the GPU (not bound:
+# encoded bytes cross through pinned host memory).
 ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, "pyring-staged"),
-                  (2, "gloo"), (4, "pyring"), (4, "pyring-staged"), (4, "gloo"))
+                  (2, "pyring-bf16"), (2, "pyring-onebit"), (2, "gloo"), (4, "pyring"),
+                  (4, "pyring-staged"), (4, "gloo"))
+WIRE_JOBS = {"pyring-bf16": "bf16", "pyring-onebit": "onebit"}
 
 
 def launch(world: int, fn: Callable, *args: Any, timeout: float, tests: Path) -> list[Any]:
@@ -132,9 +136,14 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         import pyring
 
         comm = pyring.init(rank, world, store, timeout=timeout,
-                           device=None if lib == "pyring-staged" else "cuda:0")
+                           device="cuda:0" if lib == "pyring" else None)
         transport = comm._c.device_transport
         call: Callable[[], Any] = lambda: comm.all_reduce(t)  # noqa: E731
+        if lib in WIRE_JOBS:
+            from pyring.compression import all_reduce_wire
+
+            state = pyring.OneBitState()
+            call = lambda: all_reduce_wire(comm, t, "avg", WIRE_JOBS[lib], state)  # noqa: E731
     else:
         dist.init_process_group(lib, store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
@@ -150,8 +159,9 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         call()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"times_s": times, "wrong": int((t != float(world) ** (warmup + iters)).sum()),
-            "device_transport": transport}
+    # The wires average (every value stays 1, as their codecs keep it): "wrong" counts others.
+    want = 1.0 if lib in WIRE_JOBS else float(world) ** (warmup + iters)
+    return {"times_s": times, "wrong": int((t != want).sum()), "device_transport": transport}
 
 
 def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str, Any]:
@@ -188,6 +198,10 @@ def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str,
         values["gloo_over_pyring_w2"] = t["gloo x2"] / t["pyring x2"]
     if t.get("pyring-staged x2") and t.get("copies x1"):
         values["pyring_over_copies_w2"] = t["pyring-staged x2"] / t["copies x1"]
+    for lib in WIRE_JOBS:
+        if t.get(f"{lib} x2") and t.get("pyring-staged x2"):
+            values[f"staged_fp32_over_{lib.removeprefix('pyring-')}_w2"] = (
+                t["pyring-staged x2"] / t[f"{lib} x2"])
     d2d = out["runs"].get("copies x1", {}).get("d2d_s")
     if t.get("pyring x2") and d2d:
         # The device ring at 2 ranks copies the buffer once to the peer and back in halves.

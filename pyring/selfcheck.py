@@ -251,7 +251,7 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
                "--out", str(path)], c.left(420), child_env(CUDA_VISIBLE_DEVICES=""))
     doc = json.loads(path.read_text()) if path.exists() else {}
     out = {"json": str(path), "command": res["command"], "config": doc.get("config"),
-           "summary": doc.get("summary")}
+           "summary": doc.get("summary"), "predicted": doc.get("predicted")}
     if res["rc"] != 0:  # a failed run is in the JSON's "runs"; the others are summarized
         out |= {"error": f"bench/training.py {res['ended']}", "tail": res["tail"]}
     return out

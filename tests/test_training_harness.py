@@ -111,6 +111,15 @@ def test_scaling_mode_and_merge(tmp_path):
         ("pyring", 2),
         ("ddp-gloo", 2),
     }
+    # The cost model at 1..16 ranks, fitted through the one measured allreduce: at 2 ranks it
+    # gives back the measured comm time (no overlap measured above 100%).
+    pred = {(r["method"], r["ranks"]): r for r in doc["predicted"]}
+    assert set(pred) == {(m, n) for m in ("pyring", "ddp-gloo") for n in (1, 2, 4, 8, 16)}
+    for m, lib in (("pyring", "pyring"), ("ddp-gloo", "gloo")):
+        assert _close(pred[(m, 2)]["model"]["comm_s"], runs[f"alone-{lib} x2"]["step_s"])
+        assert pred[(m, 1)]["step_s"] == base
+        steps = [pred[(m, n)]["step_s"] for n in (1, 2, 4, 8, 16)]
+        assert steps == sorted(steps), steps  # more ranks, more communication
     if importlib.util.find_spec("matplotlib") is not None:  # else the harness draws no PNG
         assert out.with_suffix(".png").stat().st_size > 0
 
