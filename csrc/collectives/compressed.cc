@@ -101,7 +101,7 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   uint8_t* recv = codec.wire(in.total());
   uint8_t* result = codec.wire(res.total());
   uint8_t* gathered = codec.wire(back.total());
-  float* acc = codec.values(ch.size(m));
+  float* acc = codec.on_device() ? codec.values(ch.size(m)) : nullptr;  // the owner's sum
   const std::shared_ptr<DeviceQueue> queue =
       codec.on_device() ? comm.device_queue(codec.site().device) : nullptr;
   const auto [worker, server] = state->residuals(queue);
@@ -146,13 +146,16 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
       if (i != m) up[s]->recv(parts[i], span(recv + in.at[i * S + s], in_size[i * S + s]));
     }
     up[s]->wait();
-    float* a = acc + mine.offset(s);
+    std::vector<uint8_t*> copies(P), caches(P);
+    std::vector<bool> local(P);
     for (size_t i = 0; i < P; ++i) {
-      uint8_t* from = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
-      codec.onebit_decode(from, mine.size(s), alpha, i > 0, a, c.recv[i * S + s], i == m);
+      copies[i] = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
+      caches[i] = c.recv[i * S + s];
+      local[i] = i == m;
     }
-    res_size[s] = codec.onebit_encode(a, server + mine.offset(s), mine.size(s), result + res.at[s],
-                                      c.server[s]);
+    res_size[s] = codec.onebit_reduce_encode(copies.data(), local, caches.data(), mine.size(s),
+                                             alpha, server + mine.offset(s), result + res.at[s],
+                                             c.server[s], acc ? acc + mine.offset(s) : nullptr);
     for (size_t i = 0; i < P; ++i) {
       if (i == m) continue;
       sizes_down[s]->send(parts[i], span(&res_size[s], sizeof(uint64_t)));

@@ -119,6 +119,20 @@ void WireCodec::onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumula
   kern::onebit_decode(site_, h, mirror(enc), n, alpha, accumulate, out, nullptr);
 }
 
+size_t WireCodec::onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
+                                       uint8_t* const* caches, size_t n, float alpha,
+                                       float* residual, uint8_t* out, uint8_t* cache,
+                                       float* scratch) {
+  if (!queue_) {
+    return pyring::onebit_reduce_encode(copies, caches, local.size(), n, alpha, residual, out,
+                                        cache);
+  }
+  for (size_t k = 0; k < local.size(); ++k) {
+    onebit_decode(copies[k], n, alpha, k > 0, scratch, caches[k], local[k]);
+  }
+  return onebit_encode(scratch, residual, n, out, cache);
+}
+
 void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local) {
   if (!queue_) {
     pyring::half_encode(w, in, n, out);

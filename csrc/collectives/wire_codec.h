@@ -51,6 +51,13 @@ class WireCodec {
   void onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
                      uint8_t* cache, bool local);
 
+  // The owner's step: encodes (as onebit_encode, into `out`, ready to send) the sum over k of
+  // alpha * decode(copies[k]) with residual; local[k] and caches[k] as for onebit_decode. On
+  // the host the sum is never stored; a device sums into `scratch` (n values at the site).
+  size_t onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
+                              uint8_t* const* caches, size_t n, float alpha, float* residual,
+                              uint8_t* out, uint8_t* cache, float* scratch);
+
   // out = the 16-bit wire encoding of in[0, n) (2n bytes): ready to send on return, or, with
   // `local`, only for this codec's own decode (a device leaves it in the mirror).
   void half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local = false);

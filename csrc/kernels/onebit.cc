@@ -1,7 +1,9 @@
 #include "kernels/onebit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/errors.h"
 #include "kernels/elementwise.h"
@@ -23,19 +25,6 @@ inline void pack8_scalar(const float* v, uint8_t* sign, uint8_t* zero) {
   }
   *sign = static_cast<uint8_t>(s);
   *zero = static_cast<uint8_t>(zr);
-}
-
-// pack8_scalar, vectorised where the machine can.
-inline void pack8(const float* v, uint8_t* sign, uint8_t* zero) {
-#if defined(__SSE2__)
-  const __m128 a = _mm_loadu_ps(v), b = _mm_loadu_ps(v + 4), z = _mm_setzero_ps();
-  // movemask reads the sign bit as onebit_sign_bit does.
-  *sign = static_cast<uint8_t>(_mm_movemask_ps(a) | (_mm_movemask_ps(b) << 4));
-  *zero = static_cast<uint8_t>(_mm_movemask_ps(_mm_cmpeq_ps(a, z)) |
-                               (_mm_movemask_ps(_mm_cmpeq_ps(b, z)) << 4));
-#else
-  pack8_scalar(v, sign, zero);
-#endif
 }
 
 inline float decode_one(uint8_t sign, uint8_t zero, int k, float scale) {
@@ -97,92 +86,159 @@ struct NibbleMasks {
 };
 const NibbleMasks kMasks;
 
-// decode(v) for 4 lanes: copysign(scale, v), or 0 where v == 0.
-inline __m128 decode4(__m128 v, __m128 scale) {
-  const __m128 sign_bit = _mm_set1_ps(-0.0f);
-  const __m128 d = _mm_or_ps(_mm_and_ps(v, sign_bit), scale);
-  return _mm_andnot_ps(_mm_cmpeq_ps(v, _mm_setzero_ps()), d);
-}
-
 }  // namespace
 #endif
 
-size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
-  // Sweep 1, block by block: v = in + residual (kept in residual), sum of squares, zeros.
-  double sumsq = 0.0;
-  size_t zeros = 0;
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t e = b + kBlock < n ? b + kBlock : n;
-    size_t i = b;
+namespace {
+
+// Sweep 1 over one block: the sum of squares and the zeros of v = in + residual (residual
+// null: v = in), added to sumsq block by block in the same lane order on every path.
+void sum_block(const float* in, const float* residual, size_t count, double& sumsq, size_t& zeros) {
+  size_t i = 0;
 #if defined(__SSE2__)
-    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
-    for (; i + 8 <= e; i += 8) {
-      __m128 v0 = _mm_loadu_ps(in + i), v1 = _mm_loadu_ps(in + i + 4);
-      if (residual) {
-        v0 = _mm_add_ps(v0, _mm_loadu_ps(residual + i));
-        v1 = _mm_add_ps(v1, _mm_loadu_ps(residual + i + 4));
-        _mm_storeu_ps(residual + i, v0);
-        _mm_storeu_ps(residual + i + 4, v1);
-      }
-      acc0 = _mm_add_ps(acc0, _mm_mul_ps(v0, v0));
-      acc1 = _mm_add_ps(acc1, _mm_mul_ps(v1, v1));
-      const __m128 z = _mm_setzero_ps();
-      zeros += static_cast<size_t>(__builtin_popcount(static_cast<unsigned>(
-          _mm_movemask_ps(_mm_cmpeq_ps(v0, z)) | (_mm_movemask_ps(_mm_cmpeq_ps(v1, z)) << 4))));
+  __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+  __m128i zero_lanes = _mm_setzero_si128();  // minus the zeros seen per lane (cmpeq gives -1)
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 8 <= count; i += 8) {
+    __m128 v0 = _mm_loadu_ps(in + i), v1 = _mm_loadu_ps(in + i + 4);
+    if (residual) {
+      v0 = _mm_add_ps(v0, _mm_loadu_ps(residual + i));
+      v1 = _mm_add_ps(v1, _mm_loadu_ps(residual + i + 4));
     }
-    alignas(16) float lanes[4];
-    _mm_store_ps(lanes, _mm_add_ps(acc0, acc1));
-    sumsq += double(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
-#endif
-    for (; i < e; ++i) {
-      const float v = residual ? in[i] + residual[i] : in[i];
-      if (residual) residual[i] = v;
-      sumsq += double(v) * v;
-      zeros += v == 0.0f;
-    }
+    acc0 = _mm_add_ps(acc0, _mm_mul_ps(v0, v0));
+    acc1 = _mm_add_ps(acc1, _mm_mul_ps(v1, v1));
+    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(_mm_cmpeq_ps(v0, z)));
+    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(_mm_cmpeq_ps(v1, z)));
   }
-  const float* v = residual ? residual : in;
-  const size_t nonzero = n - zeros;
-  const float scale = nonzero ? static_cast<float>(std::sqrt(sumsq / double(nonzero))) : 0.0f;
-  OnebitHeader h{scale, zeros ? kMaskFollows : kNoZeros, 0u, static_cast<uint32_t>(n)};
-  uint8_t* signs = out + sizeof(OnebitHeader);
-  uint8_t* mask = signs + (n + 7) / 8;
-  // Sweep 2: sign pack, zero mask and new residual = v - decode(v).
-  const size_t whole = n / 8;
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_add_ps(acc0, acc1));
+  sumsq += double(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
+  alignas(16) int32_t zl[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(zl), zero_lanes);
+  zeros += static_cast<size_t>(-(int64_t{zl[0]} + zl[1] + zl[2] + zl[3]));
+#endif
+  for (; i < count; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    sumsq += double(v) * v;
+    zeros += v == 0.0f;
+  }
+}
+
+// Sweep 2 over one block (its first value starts a byte): the sign and zero bytes of
+// v = in + add (add null: v = in), and, where `residual` is set, residual = v - decode(v)
+// (it may be `in` or `add`: each value is read before it is written).
+void pack_block(const float* in, const float* add, float* residual, size_t count, float scale,
+                bool zeros, uint8_t* signs, uint8_t* mask) {
+  const size_t whole = count / 8;
 #if defined(__SSE2__)
   const __m128 sc = _mm_set1_ps(scale);
 #endif
   for (size_t j = 0; j < whole; ++j) {
-    const float* p = v + 8 * j;
-    uint8_t s, zr;
-    pack8(p, &s, &zr);
-    signs[j] = s;
-    if (zeros) mask[j] = zr;
+    const float* p = in + 8 * j;
+#if defined(__SSE2__)
+    __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
+    if (add) {
+      a = _mm_add_ps(a, _mm_loadu_ps(add + 8 * j));
+      b = _mm_add_ps(b, _mm_loadu_ps(add + 8 * j + 4));
+    }
+    // movemask reads the sign bit as onebit_sign_bit does.
+    const __m128 za = _mm_cmpeq_ps(a, _mm_setzero_ps()), zb4 = _mm_cmpeq_ps(b, _mm_setzero_ps());
+    signs[j] = static_cast<uint8_t>(_mm_movemask_ps(a) | (_mm_movemask_ps(b) << 4));
+    if (zeros) mask[j] = static_cast<uint8_t>(_mm_movemask_ps(za) | (_mm_movemask_ps(zb4) << 4));
     if (residual) {
       float* r = residual + 8 * j;
-#if defined(__SSE2__)
-      const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
-      _mm_storeu_ps(r, _mm_sub_ps(a, decode4(a, sc)));
-      _mm_storeu_ps(r + 4, _mm_sub_ps(b, decode4(b, sc)));
-#else
-      for (int k = 0; k < 8; ++k) r[k] = p[k] - decode_one(s, zr, k, scale);
-#endif
+      const __m128 sign_bit = _mm_set1_ps(-0.0f);
+      // v - decode(v): decode is copysign(scale, v), or 0 where v == 0.
+      _mm_storeu_ps(r, _mm_sub_ps(a, _mm_andnot_ps(za, _mm_or_ps(_mm_and_ps(a, sign_bit), sc))));
+      _mm_storeu_ps(r + 4,
+                    _mm_sub_ps(b, _mm_andnot_ps(zb4, _mm_or_ps(_mm_and_ps(b, sign_bit), sc))));
     }
+#else
+    float v[8];
+    for (int k = 0; k < 8; ++k) v[k] = add ? p[k] + add[8 * j + k] : p[k];
+    uint8_t sb, zb;
+    pack8_scalar(v, &sb, &zb);
+    signs[j] = sb;
+    if (zeros) mask[j] = zb;
+    if (residual) {
+      for (int k = 0; k < 8; ++k) residual[8 * j + k] = v[k] - decode_one(sb, zb, k, scale);
+    }
+#endif
   }
-  if (n % 8) {
+  if (count % 8) {
     float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const size_t left = n % 8;
-    std::memcpy(tail, v + 8 * whole, left * sizeof(float));
-    uint8_t s, zr;
-    pack8_scalar(tail, &s, &zr);
+    const size_t left = count % 8, at = 8 * whole;
+    for (size_t k = 0; k < left; ++k) {
+      tail[k] = add ? in[at + k] + add[at + k] : in[at + k];
+    }
+    uint8_t sb, zb;
+    pack8_scalar(tail, &sb, &zb);
     const uint8_t keep = static_cast<uint8_t>((1u << left) - 1u);
-    signs[whole] = s & keep;
-    if (zeros) mask[whole] = zr & keep;
+    signs[whole] = sb & keep;
+    if (zeros) mask[whole] = zb & keep;
     if (residual) {
       for (size_t k = 0; k < left; ++k) {
-        residual[8 * whole + k] = tail[k] - decode_one(s, zr, static_cast<int>(k), scale);
+        residual[at + k] = tail[k] - decode_one(sb, zb, static_cast<int>(k), scale);
       }
     }
+  }
+}
+
+// out[0, count) = pos * decode (or += with accumulate) of the sign and mask bytes from `signs`
+// and `mask` (null: no zeros) on.
+void decode_span(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
+                 bool accumulate, float* out) {
+  size_t j = 0;
+#if defined(__SSE2__)
+  const __m128 p = _mm_set1_ps(pos);
+  for (; 8 * j + 8 <= count; ++j) {
+    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
+    float* o = out + 8 * j;
+    __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
+    __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
+    if (accumulate) {
+      lo = _mm_add_ps(lo, _mm_loadu_ps(o));
+      hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
+    }
+    _mm_storeu_ps(o, lo);
+    _mm_storeu_ps(o + 4, hi);
+  }
+#endif
+  for (; j * 8 < count; ++j) {
+    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
+    const size_t m = count - 8 * j < 8 ? count - 8 * j : 8;
+    float* o = out + 8 * j;
+    for (size_t k = 0; k < m; ++k) {
+      const float d = decode_one(s, zr, static_cast<int>(k), pos);
+      o[k] = accumulate ? o[k] + d : d;
+    }
+  }
+}
+
+// Writes the header of a segment of n values with the sweeps' figures; returns it.
+OnebitHeader header_of(double sumsq, size_t zeros, size_t n) {
+  const size_t nonzero = n - zeros;
+  const float scale = nonzero ? static_cast<float>(std::sqrt(sumsq / double(nonzero))) : 0.0f;
+  return OnebitHeader{scale, zeros ? kMaskFollows : kNoZeros, 0u, static_cast<uint32_t>(n)};
+}
+
+}  // namespace
+
+size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
+  // Two sweeps, block by block, over v = in + residual (never stored): sum of squares and
+  // zeros, then sign pack, zero mask and new residual.
+  double sumsq = 0.0;
+  size_t zeros = 0;
+  for (size_t b = 0; b < n; b += kBlock) {
+    sum_block(in + b, residual ? residual + b : nullptr, std::min(kBlock, n - b), sumsq, zeros);
+  }
+  const OnebitHeader h = header_of(sumsq, zeros, n);
+  uint8_t* signs = out + sizeof(OnebitHeader);
+  uint8_t* mask = signs + (n + 7) / 8;
+  for (size_t b = 0; b < n; b += kBlock) {
+    float* r = residual ? residual + b : nullptr;
+    pack_block(in + b, r, r, std::min(kBlock, n - b), h.scale, zeros != 0, signs + b / 8,
+               mask + b / 8);
   }
   std::memcpy(out, &h, sizeof(h));
   return onebit_cache_encoded(out, n, cache);
@@ -261,32 +317,44 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
   std::memcpy(&h, encoded, sizeof(h));
   const uint8_t* signs = encoded + sizeof(OnebitHeader);
   const uint8_t* mask = mask_of(h, signs, n, cache);
-  const float pos = alpha * h.scale;
-  size_t j = 0;
-#if defined(__SSE2__)
-  const __m128 p = _mm_set1_ps(pos);
-  for (; 8 * j + 8 <= n; ++j) {
-    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-    float* o = out + 8 * j;
-    __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
-    __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
-    if (accumulate) {
-      lo = _mm_add_ps(lo, _mm_loadu_ps(o));
-      hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
-    }
-    _mm_storeu_ps(o, lo);
-    _mm_storeu_ps(o + 4, hi);
+  decode_span(signs, mask, n, alpha * h.scale, accumulate, out);
+}
+
+size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
+                            size_t n, float alpha, float* residual, uint8_t* out, uint8_t* cache) {
+  std::vector<const uint8_t*> signs(count), masks(count);
+  std::vector<float> pos(count);
+  for (size_t k = 0; k < count; ++k) {  // every copy checked before any value is written
+    OnebitHeader h;
+    std::memcpy(&h, copies[k], sizeof h);
+    signs[k] = copies[k] + sizeof(OnebitHeader);
+    masks[k] = mask_of(h, signs[k], n, caches[k]);
+    pos[k] = alpha * h.scale;
   }
-#endif
-  for (; j * 8 < n; ++j) {
-    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-    const size_t m = n - 8 * j < 8 ? n - 8 * j : 8;
-    float* o = out + 8 * j;
-    for (size_t k = 0; k < m; ++k) {
-      const float d = decode_one(s, zr, static_cast<int>(k), pos);
-      o[k] = accumulate ? o[k] + d : d;
+  // Sweep 1: each block's sum, as onebit_decode would leave it in a buffer (kept in L1), plus
+  // the residual: v, kept in the residual. Sweep 2 packs v and leaves v - decode(v) there.
+  alignas(16) float sum[kBlock];
+  double sumsq = 0.0;
+  size_t zeros = 0;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t len = std::min(kBlock, n - b);
+    for (size_t k = 0; k < count; ++k) {
+      decode_span(signs[k] + b / 8, masks[k] ? masks[k] + b / 8 : nullptr, len, pos[k], k > 0, sum);
     }
+    float* r = residual + b;
+    for (size_t i = 0; i < len; ++i) r[i] += sum[i];  // v = sum + residual, as encode adds
+    sum_block(r, nullptr, len, sumsq, zeros);
   }
+  const OnebitHeader h = header_of(sumsq, zeros, n);
+  uint8_t* out_signs = out + sizeof(OnebitHeader);
+  uint8_t* out_mask = out_signs + (n + 7) / 8;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t len = std::min(kBlock, n - b);
+    pack_block(residual + b, nullptr, residual + b, len, h.scale, zeros != 0, out_signs + b / 8,
+               out_mask + b / 8);
+  }
+  std::memcpy(out, &h, sizeof(h));
+  return onebit_cache_encoded(out, n, cache);
 }
 
 }  // namespace pyring

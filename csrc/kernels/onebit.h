@@ -57,6 +57,13 @@ uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes);
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
                      uint8_t* cache = nullptr);
 
+// onebit_encode(in = the sum over k of alpha * decode(copies[k], cache caches[k]), in k order,
+// residual, n, out, cache), without storing the sum: the owner's step of the compressed
+// allreduce in two sweeps over the residual. The same bytes and residual as decoding into a
+// buffer and encoding it. Throws as onebit_decode, before writing anything.
+size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
+                            size_t n, float alpha, float* residual, uint8_t* out, uint8_t* cache);
+
 // The mask caches applied to a segment that was encoded with none (a device encoder's): when
 // its mask equals the cache's, the header becomes kMaskCached and the mask is dropped;
 // otherwise the cache takes the mask and the header its hash. The segment then reads as if
