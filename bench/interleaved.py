@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""pyring, Open MPI and gloo allreduce in the same processes, taking turns block by block.
+"""pyring, Open MPI, gloo and oneCCL allreduce, taking turns block by block.
 
     python bench/interleaved.py                      # 2 ranks, 4 KiB, pyring and mpi
     python bench/interleaved.py --bytes 64M --libs pyring,mpi,gloo --blocks 10 --iters 10
+    python bench/interleaved.py --bytes 4K..64M --libs pyring,mpi,gloo,oneccl --load membw
     PYRING_TRANSPORT=tcp python bench/interleaved.py --bytes 64M --libs pyring,gloo
 
 The machines this runs on move whole runs by 2-5x from one minute to the next, so separate
@@ -16,7 +17,13 @@ iteration's time is the slowest rank's; a block's time is the median over its it
 library's time is the median over its blocks. `ratio` is, per round, the library's block time
 over pyring's (> 1: pyring faster). Every result is checked (rank r contributes r+1).
 'memcpy' (each rank copies the buffer, both at once) shows the memory system's pace in the
-same rounds. PYRING_TRANSPORT applies to pyring. Needs Open MPI and mpi4py (also for a run without
+same rounds. oneCCL (installed by bench/oneccl/install.sh; skipped, saying so, where it is
+not) runs in processes of its own under Intel MPI's launcher: each round is then one mpirun of
+the other libraries and one oneCCL job (bench/oneccl/ccl_allreduce.cpp, timed the same way),
+taking turns going first. --load runs a background load (bench/busy.py) through the whole
+run; the JSON records memcpy's rate with and without it. --runs repeats the whole measurement
+and counts the runs where pyring is ahead of every library at every size. PYRING_TRANSPORT
+applies to pyring. Needs Open MPI and mpi4py (also for a run without
 'mpi': mpirun starts the ranks). Writes bench/results/interleaved_<tag>.json with the
 machine's description.
 """
@@ -180,7 +187,8 @@ def main() -> int:
     ap.add_argument("--bytes", default="4K",
                     help="sizes: 4096, 4K,64K, or a range of powers of two 4K..256M")
     ap.add_argument("--libs", default="pyring,mpi",
-                    help="pyring first, then any of mpi, gloo, memcpy (each rank copies the "
+                    help="pyring first, then any of mpi, gloo, oneccl (bench/oneccl/install.sh), "
+                         "memcpy (each rank copies the "
                          "buffer, both at once: the memory system's pace), pyring-cached, "
                          "pyring-streaming (pyring with that PYRING_SHM_COPY), pyring-tcpN "
                          "(pyring with PYRING_SOCKET_NSTREAMS=N, N in 2..16), pyring-ring, "
@@ -192,6 +200,12 @@ def main() -> int:
     ap.add_argument("--flow-cap", type=float, default=0.0, metavar="MB/S",
                     help="cap every TCP connection at this rate (bench/flow_cap.c, "
                          "SO_MAX_PACING_RATE): a path that limits each flow, not their sum")
+    ap.add_argument("--load", default="none", choices=("none", "cpu", "membw", "mixed"),
+                    help="background load during the whole run, the same for every library "
+                         "(bench/busy.py)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="independent runs; the JSON counts those where pyring is ahead of "
+                         "every library at every size")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
@@ -199,8 +213,9 @@ def main() -> int:
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.libs = args.libs.split(",")
-    known = {"pyring", "mpi", "gloo", "memcpy", "pyring-cached", "pyring-streaming", "pyring-ring",
-             "pyring-direct", "pyring-tree", *(f"pyring-tcp{n}" for n in range(2, 17))}
+    known = {"pyring", "mpi", "gloo", "oneccl", "memcpy", "pyring-cached", "pyring-streaming",
+             "pyring-ring", "pyring-direct", "pyring-tree",
+             *(f"pyring-tcp{n}" for n in range(2, 17))}
     if args.libs[0] != "pyring" or not set(args.libs) <= known or len(set(args.libs)) != len(
             args.libs) or len(args.libs) < 2:
         others = ", ".join(sorted(n for n in known - {"pyring"} if not n.startswith("pyring-tcp")))
@@ -213,16 +228,103 @@ def main() -> int:
     if not mpirun:
         sys.exit("interleaved.py needs Open MPI: apt-get install -y openmpi-bin "
                  "libopenmpi-dev; pip install mpi4py")
+    sys.path.insert(0, str(BENCH))
+    import busy
+
+    result = Path(args.out or BENCH / "results" / f"interleaved_{args.tag}.json")
+    transport = os.environ.get("PYRING_TRANSPORT", "shm")
+    ccl = None
+    if "oneccl" in args.libs:
+        ccl = _oneccl()
+        if isinstance(ccl, str):  # not installed: say so and go on without it
+            print(f"# oneccl skipped: {ccl}")
+            args.libs = [lib for lib in args.libs if lib != "oneccl"]
+            ccl = None
+    quiet_memcpy = busy.memcpy_gbps()
+    runs = []
+    with busy.Load(args.load) as load:
+        loaded_memcpy = busy.memcpy_gbps()
+        for _ in range(args.runs):
+            runs.append([_summarize(e, args.libs) for e in _measure(args, mpirun, ccl, result)])
+    from machine import describe
+
+    summary = {"benchmark": "interleaved", "command": sys.argv, "machine": describe(),
+               "world": args.world, "transport": transport, "flow_cap_MBps": args.flow_cap,
+               "libs": args.libs, "load": load.describe(),
+               "memcpy_GBps": {"quiet": quiet_memcpy, "under_load": loaded_memcpy},
+               "rounds": args.blocks, "sizes": runs[-1], "runs": runs,
+               "pyring_ahead_runs": sum(_ahead(r) for r in runs)}
+    result.write_text(json.dumps(summary, indent=1) + "\n")
+    wrong = 0
+    for sizes in runs:
+        wrong += _print(args, sizes, transport)
+    print(f"# load {args.load}: memcpy {quiet_memcpy:.1f} GB/s quiet, {loaded_memcpy:.1f} GB/s "
+          f"under it; pyring ahead of every library at every size in "
+          f"{summary['pyring_ahead_runs']} of {len(runs)} run(s)")
+    print(f"# json: {result}")
+    return 1 if wrong else 0
+
+
+def _oneccl() -> list[str] | str:
+    """The oneCCL program's command prefix, or why it cannot run (bench/oneccl/install.sh)."""
+    env = Path(os.environ.get("PYRING_ONECCL_PREFIX", BENCH / "oneccl" / "env"))
+    prog, hydra = env / "bin" / "ccl_allreduce", env / "bin" / "mpiexec.hydra"
+    if not (prog.exists() and hydra.exists()):
+        return f"{prog} missing: run bench/oneccl/install.sh (needs PyPI)"
+    return [str(hydra), "-n", "2", str(prog)]
+
+
+def _oneccl_block(ccl: list[str], args: argparse.Namespace) -> list[dict]:
+    """One block of oneCCL per size, as raw per-size entries of (name, times)."""
+    env = {**os.environ, "CCL_ATL_TRANSPORT": "mpi", "CCL_LOG_LEVEL": "error",
+           # Its best setting per size on this kind of machine; its default (direct) is
+           # pathological at 64 MiB.
+           "CCL_ALLREDUCE": "direct:0-1048576;ring:1048577-max"}
+    cmd = [*ccl, ",".join(map(str, args.sizes)), "1", str(args.iters), str(args.warmup)]
+    cmd[2] = str(args.world)
+    out = subprocess.run(cmd, check=True, timeout=1800, env=env, capture_output=True, text=True)
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
+    return json.loads(line)["sizes"]
+
+
+def _measure(args: argparse.Namespace, mpirun: str, ccl: list[str] | None,
+             result: Path) -> list[dict]:
+    """One run: every library's blocks per size (raw entries, as rank_main writes them). With
+    oneCCL, each round is one mpirun of the other libraries and one oneCCL job, taking turns
+    going first; without it, one mpirun of every round."""
+    others = [lib for lib in args.libs if lib != "oneccl"]
+    if ccl is None:
+        return _mpirun(args, mpirun, others, args.blocks, result)
+    merged: list[dict] = []
+    for r in range(args.blocks):
+        first_ccl = r % 2 == 1
+        ccl_sizes = _oneccl_block(ccl, args) if first_ccl else None
+        sizes = _mpirun(args, mpirun, others, 1, result)
+        if ccl_sizes is None:
+            ccl_sizes = _oneccl_block(ccl, args)
+        for k, (e, c) in enumerate(zip(sizes, ccl_sizes)):
+            times = c["blocks"][0]
+            block = {"lib": "oneccl", "median_us": statistics.median(times),
+                     "min_us": min(times)}
+            if not merged or len(merged) <= k:
+                merged.append({**e, "blocks": [], "wrong": {**e["wrong"], "oneccl": 0}})
+            m = merged[k]
+            m["blocks"].extend(e["blocks"] + [block])
+            m["wrong"] = {n: m["wrong"].get(n, 0) + e["wrong"].get(n, 0) for n in others}
+            m["wrong"]["oneccl"] = m["wrong"].get("oneccl", 0) + c["wrong"]
+    return merged
+
+
+def _mpirun(args: argparse.Namespace, mpirun: str, libs: list[str], blocks: int,
+            result: Path) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = Path(args.out or BENCH / "results" / f"interleaved_{args.tag}.json")
     raw = result.with_suffix(".raw.json")
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.world),
            "--bind-to", "none", sys.executable, __file__, "--rank", "--port", str(port),
-           "--result", str(raw), "--bytes", args.bytes, "--blocks", str(args.blocks),
-           "--iters", str(args.iters), "--warmup", str(args.warmup), "--libs",
-           ",".join(args.libs)]
+           "--result", str(raw), "--bytes", args.bytes, "--blocks", str(blocks),
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--libs", ",".join(libs)]
     transport = os.environ.get("PYRING_TRANSPORT", "shm")
     env = {**os.environ, "PYRING_TRANSPORT": transport}
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,16 +334,18 @@ def main() -> int:
                             str(shim), "-ldl"], check=True)
             env.update(LD_PRELOAD=str(shim), FLOW_CAP_BYTES_PER_S=str(int(args.flow_cap * 1e6)))
         subprocess.run(cmd, check=True, timeout=3600, env=env)
-    sizes = [_summarize(e, args.libs) for e in json.loads(raw.read_text())]
+    sizes = json.loads(raw.read_text())
     raw.unlink()
-    sys.path.insert(0, str(BENCH))
-    from machine import describe
+    return sizes
 
-    summary = {"benchmark": "interleaved", "command": sys.argv, "machine": describe(),
-               "world": args.world, "transport": transport, "flow_cap_MBps": args.flow_cap,
-               "libs": args.libs,
-               "rounds": args.blocks, "sizes": sizes}
-    result.write_text(json.dumps(summary, indent=1) + "\n")
+
+def _ahead(sizes: list[dict]) -> bool:
+    """pyring is ahead of every other library (memcpy aside) at every size."""
+    return all(ratio > 1.0 for e in sizes for lib, ratio in e["median_ratio"].items()
+               if lib != "memcpy" and not lib.startswith("pyring-"))
+
+
+def _print(args: argparse.Namespace, sizes: list[dict], transport: str) -> int:
     cap = f", each TCP connection capped at {args.flow_cap:g} MB/s" if args.flow_cap > 0 else ""
     print(f"# {args.world} ranks, in-place float32 sum over {transport}{cap}, {args.blocks} "
           "rounds; time = median over rounds of the block's median slowest-rank time")
@@ -259,8 +363,7 @@ def main() -> int:
     print(f"# wrong elements: {wrong}; '/pyring' is the median over rounds of X's time / "
           f"pyring's (> 1: pyring faster); streamed: the largest fraction of a rank's bytes "
           f"that pyring copied into shm slots with non-temporal stores (PYRING_SHM_COPY)")
-    print(f"# json: {result}")
-    return 1 if wrong else 0
+    return wrong
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, _device_links, pci, rendezvous, topology
+from . import _C, _affinity, _device_links, pci, rendezvous, topology
 from ._devices import device_name_of
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
@@ -102,6 +102,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
           "gpu_path": _gpu_path(device) if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": cfg.link_model,
+          "cpus": sorted(os.sched_getaffinity(0)),
           "endpoints": {channel: _addresses(cfg, job_id, rank, channel, host_ip, lst)
                         for channel, lst in (("", listener), ("p2p", p2p_listener))},
           "detail": cfg.debug == "DETAIL", "device": device}
@@ -136,9 +137,16 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
         model = _link_model(cfg, peers, host_of)
         reduce_rate = model.pop("reduce")[1]
+        spin_us = _spin_us(local_world)  # from the CPUs the launcher gave, before binding
+        # Before the core starts its threads: they inherit the binding.
+        cpus, why = _affinity.plan(cfg.affinity, me["cpus"], [peers[r]["cpus"] for r in local],
+                                   local_index)
+        _affinity.apply(cpus)
+        if rank == local[0] or cpus is not None:
+            log.info("rank %d: affinity: %s", rank, why)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
                                local_world, segment, listener, secret, ALGOS.index(cfg.algo),
-                               _spin_us(local_world), endpoints, needed, list(topo.levels),
+                               spin_us, endpoints, needed, list(topo.levels),
                                groups, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
                                {k: tuple(v) for k, v in model.items()}, reduce_rate,
                                p2p_segment, p2p_listener, p2p_endpoints, cfg.flight_entries,

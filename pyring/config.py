@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import _C
+from . import _C, _affinity
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SEGMENT_BYTES = 256 * 1024
@@ -23,6 +23,7 @@ TRANSPORTS: tuple[str, ...] = ("auto",) + tuple(_C.TRANSPORT_NAMES)
 ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
 SHM_COPIES: tuple[str, ...] = tuple(_C.SHM_COPY_NAMES)  # index = the core's code
+AFFINITY_MODES = _affinity.MODES
 DEFAULT_FLIGHT_ENTRIES = 256
 MAX_SOCKET_NSTREAMS: int = _C.MAX_TCP_STREAMS
 # The selector's alpha-beta figures, each transport's own (csrc/transport/registry.h): per link
@@ -56,6 +57,8 @@ class Config:
     socket_nstreams: int = 1
     # the device links' slot size: segment_bytes when given, else DEFAULT_DEVICE_SEGMENT_BYTES
     device_segment_bytes: int = DEFAULT_DEVICE_SEGMENT_BYTES
+    # where a rank's threads run when the launcher left it open: "auto" or "off" (_affinity.py)
+    affinity: str = "auto"
 
 
 def _timeout_seconds(value: Any, source: str) -> float:
@@ -181,6 +184,7 @@ def resolve(timeout: Any = None, segment_bytes: Any = None, transport: str | Non
     if not (nstreams.isdigit() and 1 <= int(nstreams) <= MAX_SOCKET_NSTREAMS):
         raise ValueError(f"PYRING_SOCKET_NSTREAMS={nstreams!r} is not valid (valid: 1 to "
                          f"{MAX_SOCKET_NSTREAMS} TCP connections per link)")
+    affinity = _choice("PYRING_AFFINITY", env.get("PYRING_AFFINITY", "auto"), AFFINITY_MODES)
     return Config(timeout_s, seg, trans, alg, debug, env.get("PYRING_SOCKET_IFNAME") or None,
                   topology, topology_source, model, given, single_bytes, int(flight), shm_copy,
-                  int(nstreams), device_seg)
+                  int(nstreams), device_seg, affinity)
