@@ -162,16 +162,12 @@ def _results(q, procs, deadline: float) -> dict:
                 raise SystemExit(f"convergence: {why}") from None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", choices=sorted(TASKS), default="digits")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=400)
+def add_optimizer_args(ap: argparse.ArgumentParser) -> None:
+    """The options _optimizer reads: every script that builds its optimizers takes them."""
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                     help="the learning rate over the run, the same for every method")
     ap.add_argument("--freeze", type=int, default=20)
-    ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
     ap.add_argument("--warmup-wire", choices=("fp32", "bf16"), default="fp32",
                     help="the wire of OneBitAdam's gradients before the freeze")
     ap.add_argument("--denominator-floor", type=float, default=0.01,
@@ -185,6 +181,15 @@ def main() -> None:
                     help="ZeroOneAdam's local_step_scaler (rounds before the interval doubles)")
     ap.add_argument("--local-clipper", type=int, default=4,
                     help="ZeroOneAdam's local_step_clipper")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", choices=sorted(TASKS), default="digits")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    add_optimizer_args(ap)
+    ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
     ap.add_argument("--methods", help="a subset of the methods, comma-separated")
     ap.add_argument("--out", default="bench/results/convergence_vm.json")
     args = ap.parse_args()

@@ -76,13 +76,13 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from convergence import add_optimizer_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="20mbit")
     ap.add_argument("--task", choices=("digits", "charlm"), default="digits")
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--freeze", type=int, default=20)
-    ap.add_argument("--period", type=int, default=8)
+    add_optimizer_args(ap)  # the same options as bench/convergence.py, from one place
     ap.add_argument("--more", type=int, default=2,
                     help="the compressed methods may run this many times --steps to reach "
                          "the target")

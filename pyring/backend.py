@@ -32,6 +32,8 @@ import os
 import sys
 from typing import Any
 
+from _pyring_autoload import BACKEND_NAME
+
 from ._buffers import bytes_of
 from ._c10d_work import PyringWork, _seconds
 from .api import init
@@ -46,9 +48,6 @@ try:
 except (ImportError, AttributeError):  # no torch, or a torch built without distributed
     dist = None
     _ProcessGroup = object
-
-BACKEND_NAME = "pyring"
-
 
 def _one(tensors: Any, what: str) -> Any:
     """The single tensor of a c10d tensor list (a bare tensor is accepted too)."""

@@ -3,6 +3,9 @@
 ``DesyncError`` (at PYRING_DEBUG=DETAIL, the ranks called different collectives: the
 message names the ranks that differ and what each called).
 
+Where torch is installed, ``Error`` (and so every one of them) is a
+``torch.distributed.DistBackendError``, what torch raises for NCCL's and gloo's failures: code
+that catches torch's errors, torch's elastic agent included, catches pyring's too.
 ``CommTimeout`` is also a builtin ``TimeoutError``. Bad arguments raise ``ValueError`` or
 ``TypeError`` before any byte is sent.
 """

@@ -1,4 +1,5 @@
-// Maps the C++ error types to Python: Error -> pyring.Error, CommError -> pyring.CommError,
+// Maps the C++ error types to Python: Error -> pyring.Error (a subclass of
+// torch.distributed.DistBackendError where torch is importable), CommError -> pyring.CommError,
 // TimeoutError -> pyring.CommTimeout (also a builtin TimeoutError), CudaError ->
 // pyring.CudaError, InvalidArgument -> ValueError, TypeMismatch -> TypeError.
 #include "bindings/bindings.h"
@@ -49,9 +50,34 @@ void set_python_error(std::exception_ptr error) {
   classify(error, [](PyObject* type, const char* msg) { PyErr_SetString(type, msg); });
 }
 
+namespace {
+
+// torch.distributed.DistBackendError where torch is importable (what torch raises for NCCL's
+// and gloo's failures, and what its elastic agent and users catch), else Exception. A new
+// reference.
+PyObject* error_base() {
+  try {
+    py::object base = py::module_::import("torch.distributed").attr("DistBackendError");
+    if (PyType_Check(base.ptr()) &&
+        PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(base.ptr()),
+                         reinterpret_cast<PyTypeObject*>(PyExc_Exception))) {
+      return base.release().ptr();
+    }
+  } catch (const py::error_already_set&) {  // no torch, or one without distributed
+  }
+  Py_INCREF(PyExc_Exception);
+  return PyExc_Exception;
+}
+
+}  // namespace
+
 void register_errors(py::module_& m) {
-  g_error = PyErr_NewExceptionWithDoc("pyring._C.Error", "Base of pyring's errors.",
-                                      PyExc_Exception, nullptr);
+  PyObject* base = error_base();
+  g_error = PyErr_NewExceptionWithDoc(
+      "pyring._C.Error",
+      "Base of pyring's errors; a torch.distributed.DistBackendError where torch is installed.",
+      base, nullptr);
+  Py_DECREF(base);
   g_comm_error = PyErr_NewExceptionWithDoc(
       "pyring._C.CommError", "A link failed, or a peer died or gave up.", g_error, nullptr);
   PyObject* bases = PyTuple_Pack(2, g_comm_error, PyExc_TimeoutError);
