@@ -1,0 +1,127 @@
+"""What users of Lightning and Accelerate meet, tried as a new user would: Lightning's DDP
+strategy with process_group_backend="pyring" (ddp and ddp_spawn) gives parameters bitwise
+equal to gloo's; Accelerate on the CPU, with torch.distributed initialised on pyring before
+Accelerator(), gives results bitwise equal to gloo's. Each skips, saying so, where its
+library is not installed (both are in the test extra)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+LIGHTNING_JOB = textwrap.dedent("""
+    import sys, torch
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+    import pyring  # noqa: F401  (the backend, where no entry point registered it; also in
+                   # the ranks ddp_spawn starts, which import this file again)
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 4)
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def main(backend, strategy, out):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g),
+                                              torch.randn(64, 4, generator=g))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        net = Net()
+        trainer = L.Trainer(accelerator="cpu", devices=2, max_epochs=2, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False,
+                            strategy=DDPStrategy(process_group_backend=backend,
+                                                 start_method="spawn" if strategy == "ddp_spawn"
+                                                 else "popen"))
+        trainer.fit(net, loader)
+        if trainer.global_rank == 0:
+            torch.save([p.detach() for p in net.parameters()], out)
+
+    if __name__ == "__main__":
+        main(*sys.argv[1:])
+""")
+
+ACCELERATE_JOB = textwrap.dedent("""
+    import os, sys, torch
+    import torch.distributed as dist
+
+    def main(backend, out):
+        import pyring  # noqa: F401
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        from accelerate import Accelerator
+        acc = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+        total = acc.reduce(torch.tensor([float(rank + 1)]), reduction="sum")
+        if rank == 0:
+            torch.save({"params": [p.detach() for p in model.parameters()],
+                        "reduced": total, "state_backend": acc.state.backend,
+                        "pg_backend": dist.get_backend()}, out)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main(*sys.argv[1:])
+""")
+
+
+def _run(cmd, tmp_path, env=None):
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_lightning_ddp_and_ddp_spawn_on_pyring_match_gloo(tmp_path):
+    pytest.importorskip("lightning", reason="Lightning is not installed (pip install lightning)")
+    import torch
+
+    job = tmp_path / "job.py"
+    job.write_text(LIGHTNING_JOB)
+    got = {}
+    for backend, strategy in (("gloo", "ddp"), ("pyring", "ddp"), ("pyring", "ddp_spawn")):
+        out = tmp_path / f"{backend}-{strategy}.pt"
+        _run([sys.executable, str(job), backend, strategy, str(out)], tmp_path)
+        got[backend, strategy] = torch.load(out)
+    # The same seeds and batches: gloo's parameters, bit for bit, under both strategies.
+    for key in (("pyring", "ddp"), ("pyring", "ddp_spawn")):
+        for a, b in zip(got[key], got["gloo", "ddp"]):
+            assert torch.equal(a, b), key
+
+
+def test_accelerate_after_init_on_pyring_matches_gloo(tmp_path):
+    pytest.importorskip("accelerate", reason="Accelerate is not installed (pip install accelerate)")
+    import torch
+
+    job = tmp_path / "job.py"
+    job.write_text(ACCELERATE_JOB)
+    got = {}
+    for backend in ("pyring", "gloo"):
+        out = tmp_path / f"{backend}.pt"
+        _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+              "--standalone", str(job), backend, str(out)], tmp_path)
+        got[backend] = torch.load(out)
+    for a, b in zip(got["pyring"]["params"], got["gloo"]["params"]):
+        assert torch.equal(a, b)
+    assert got["pyring"]["reduced"].item() == 3.0
+    assert got["pyring"]["pg_backend"] == "pyring"
+    # What Accelerate reports: its own record of the backend, not the process group's.
+    assert got["pyring"]["state_backend"] == got["gloo"]["state_backend"]
