@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
 
 #include "core/errors.h"
 #include "transport/wait.h"
@@ -12,6 +14,19 @@ namespace pyring {
 
 namespace {
 constexpr int kMaxSleepMs = 50;  // how often a blocked rank re-checks its peers
+
+// The warning at half a collective's deadline, once per collective.
+void warn_at_half(const Deadline& d, Link* const* links, size_t n) {
+  if (d.what == nullptr || d.warned == nullptr || *d.warned || Clock::now() < d.half) return;
+  *d.warned = true;
+  std::string pending;
+  for (size_t i = 0; i < n; ++i) pending += str_cat(i ? "; " : "", links[i]->pending());
+  const double left = std::chrono::duration<double>(d.at - Clock::now()).count();
+  std::fprintf(stderr,
+               "[pyring WARN] %s: half of the deadline has passed (%.1f s left), "
+               "still waiting: %s\n",
+               d.what->c_str(), left, pending.c_str());
+}
 }  // namespace
 
 namespace {
@@ -65,6 +80,7 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
       for (size_t i = 0; i < all; ++i) what += str_cat(i ? "; " : "", links[i]->pending());
       PYRING_THROW(TimeoutError, "Timed out waiting: ", what);
     }
+    warn_at_half(deadline, links.data(), n);
     wait_for_links(links.data(), all, deadline.remaining_ms(kMaxSleepMs));
     polls = 64;
     idle_since = Clock::now();

@@ -187,8 +187,14 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
   }
   ++seq_;
   recorder_.begin(seq_, desc);
+  const std::string what = str_cat(desc.str(), " (#", seq_, ") on rank ", rank_, "/", size_);
+  bool warned = false;
+  Deadline deadline = Deadline::after(options_.timeout_s);
+  deadline.half = deadline.at - (deadline.at - Clock::now()) / 2;
+  deadline.what = &what;
+  deadline.warned = &warned;
   try {
-    fn(Deadline::after(options_.timeout_s));
+    fn(deadline);
   } catch (const PeerLost& e) {
     // A peer that gave up announces why on the p2p links; a dead one never does.
     std::string cause = p2p_->announced_by(e.peer(), kAnnounceWait);

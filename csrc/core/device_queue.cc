@@ -4,13 +4,6 @@
 
 namespace pyring {
 
-namespace {
-constexpr size_t kRegionAlign = 256;
-size_t aligned(size_t n) {
-  return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
-}
-}  // namespace
-
 DeviceQueue::DeviceQueue(Device device)
     : device_(device),
       rt_(device_runtime(device.kind)),
@@ -92,14 +85,14 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
                       const std::function<void(Deadline, uint8_t* const*)>& fn, Deadline deadline) {
   serve(ticket, deadline, [&] {
     size_t total = 0;
-    for (const auto& r : regions) total += aligned(r.bytes);
+    for (const auto& r : regions) total += scratch_aligned(r.bytes);
     uint8_t* base = staging(total);
     std::vector<uint8_t*> host(regions.size());
     size_t off = 0;
     bool copies = false;
     for (size_t i = 0; i < regions.size(); ++i) {
       host[i] = base + off;
-      off += aligned(regions[i].bytes);
+      off += scratch_aligned(regions[i].bytes);
       if (regions[i].read && regions[i].bytes > 0) {
         copy_async(host[i], regions[i].data, regions[i].bytes);
         copies = true;
@@ -135,7 +128,7 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
     const size_t esz = dtype_size(in.dtype), n = in.count;
     const size_t chunk = stage_chunk_elems(in.dtype);
     const size_t chunks = n == 0 ? 1 : (n + chunk - 1) / chunk;
-    const size_t slot_bytes = aligned((n < chunk ? n : chunk) * esz);
+    const size_t slot_bytes = scratch_aligned((n < chunk ? n : chunk) * esz);
     uint8_t* base = staging(chunks > 1 ? 2 * slot_bytes : slot_bytes);
     auto count_of = [&](size_t k) { return k * chunk + chunk <= n ? chunk : n - k * chunk; };
     auto slot_of = [&](size_t k) { return base + (k % 2) * slot_bytes; };

@@ -8,13 +8,6 @@
 
 namespace pyring {
 
-namespace {
-constexpr size_t kAlign = 256;
-size_t aligned(size_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
-}  // namespace
-
 ScratchArena::ScratchArena(Kind kind, DeviceRuntime* rt, int index)
     : kind_(kind), rt_(rt), index_(index) {
   PYRING_CHECK_ARG(kind == Kind::kHost || rt != nullptr, "a device scratch arena needs a runtime");
@@ -28,7 +21,7 @@ uint8_t* ScratchArena::allocate(size_t bytes) {
   void* p = nullptr;
   switch (kind_) {
     case Kind::kHost:
-      p = std::aligned_alloc(kAlign, bytes);
+      p = std::aligned_alloc(kScratchAlign, bytes);
       PYRING_CHECK(p != nullptr, Error, "scratch: out of host memory for ", bytes, " bytes");
       break;
     case Kind::kPinned:
@@ -56,7 +49,7 @@ void ScratchArena::release(uint8_t* p) noexcept {
 }
 
 uint8_t* ScratchArena::take(size_t bytes) {
-  const size_t need = aligned(bytes == 0 ? 1 : bytes);
+  const size_t need = scratch_aligned(bytes == 0 ? 1 : bytes);
   if (blocks_.empty() || used_ + need > blocks_.back().bytes) {
     // A new block for the rest of this call: at least as large as the last one.
     const size_t size = blocks_.empty() ? need : std::max(need, blocks_.back().bytes);

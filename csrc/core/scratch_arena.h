@@ -17,6 +17,13 @@ namespace pyring {
 
 class DeviceRuntime;
 
+// The alignment of every scratch and staging region: enough for any vector load and for the
+// device's copies.
+constexpr size_t kScratchAlign = 256;
+inline size_t scratch_aligned(size_t n) {
+  return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
 class ScratchArena {
  public:
   enum class Kind { kHost, kPinned, kDevice };

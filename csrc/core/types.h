@@ -62,6 +62,12 @@ using Clock = std::chrono::steady_clock;
 // An absolute point in time after which a blocking call raises TimeoutError.
 struct Deadline {
   Clock::time_point at;
+  // A collective's deadline (Communicator::execute) also says what waits on it, so that a wait
+  // still pending at `half` warns once (collectives/driver.h). Both pointers live as long as
+  // the collective runs; null elsewhere.
+  Clock::time_point half{};
+  const std::string* what = nullptr;
+  bool* warned = nullptr;
 
   static Deadline after(double seconds) {
     return Deadline{Clock::now() + std::chrono::duration_cast<Clock::duration>(

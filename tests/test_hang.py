@@ -1,0 +1,37 @@
+"""A collective that waits past half its deadline warns once, at WARN, on the waiting rank,
+naming the collective, its sequence number and what it still waits for."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+from multiproc import run_ranks
+
+import pyring
+
+
+def _late_peer(rank, world, store):
+    log = tempfile.TemporaryFile(mode="w+")
+    os.dup2(log.fileno(), 2)  # this rank's stderr, read back below
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False, timeout=4)
+    comm.all_reduce(torch.ones(10))  # #1, together
+    if rank == 1:
+        time.sleep(2.6)  # past half of rank 0's 4 s deadline, well before all of it
+    x = torch.ones(10)
+    comm.all_reduce(x)  # #2
+    comm.close()
+    log.seek(0)
+    return log.read(), x.tolist()
+
+
+def test_warning_at_half_the_deadline():
+    (err0, x0), (err1, x1) = run_ranks(2, _late_peer, timeout=60)
+    assert x0 == x1 == [2.0] * 10
+    warnings = [line for line in err0.splitlines() if "half of the deadline" in line]
+    assert len(warnings) == 1, err0
+    assert warnings[0].startswith("[pyring WARN] all_reduce") and "(#2) on rank 0/2" in err0
+    assert "rank 1" in warnings[0], warnings[0]  # what it waits for
+    assert "half of the deadline" not in err1, err1
