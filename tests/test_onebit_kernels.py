@@ -129,3 +129,38 @@ def test_mask_cache_out_of_step_is_refused():
         _decode(cached, x.size, cache=other)
     with pytest.raises(pyring.CommError, match="holds 5 values, the decoder expects 6"):
         _decode(_encode(x, None), 6)
+
+
+_SIMD_SCRIPT = """
+import pickle, sys
+import numpy as np
+from pyring import _C
+rng = np.random.default_rng(0)
+out = []
+for n in (1, 7, 8, 9, 4095, 4096, 4097, 100003):
+    x = rng.standard_normal(n).astype(np.float32)
+    x[::13] = 0
+    x[::29] = -0.0
+    r = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    enc = np.zeros(_C.onebit_max_bytes(n), np.uint8)
+    b = _C.onebit_encode(x.ctypes.data, r.ctypes.data, n, enc.ctypes.data, 0)
+    dec = rng.standard_normal(n).astype(np.float32)
+    _C.onebit_decode(enc.ctypes.data, n, 0.5, True, dec.ctypes.data, 0)
+    out.append((enc[:b].tobytes(), r.tobytes(), dec.tobytes()))
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def test_avx2_and_sse_kernels_give_the_same_bytes():
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    runs = {}
+    for simd in ("default", "sse"):
+        env = {**os.environ, "PYRING_ONEBIT_SIMD": simd}
+        out = subprocess.run([sys.executable, "-c", _SIMD_SCRIPT], env=env, capture_output=True,
+                             timeout=120, check=True)
+        runs[simd] = pickle.loads(out.stdout)
+    assert runs["default"] == runs["sse"]

@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "kernels/elementwise.h"
+#include "kernels/onebit_avx2.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -94,6 +95,7 @@ namespace {
 // Sweep 1 over one block: the sum of squares and the zeros of v = in + residual (residual
 // null: v = in), added to sumsq block by block in the same lane order on every path.
 void sum_block(const float* in, const float* residual, size_t count, double& sumsq, size_t& zeros) {
+  if (onebit_avx2::available()) return onebit_avx2::sum_block(in, residual, count, sumsq, zeros);
   size_t i = 0;
 #if defined(__SSE2__)
   __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
@@ -129,6 +131,9 @@ void sum_block(const float* in, const float* residual, size_t count, double& sum
 // (it may be `in` or `add`: each value is read before it is written).
 void pack_block(const float* in, const float* add, float* residual, size_t count, float scale,
                 bool zeros, uint8_t* signs, uint8_t* mask) {
+  if (onebit_avx2::available()) {
+    return onebit_avx2::pack_block(in, add, residual, count, scale, zeros, signs, mask);
+  }
   const size_t whole = count / 8;
 #if defined(__SSE2__)
   const __m128 sc = _mm_set1_ps(scale);
@@ -188,6 +193,9 @@ void pack_block(const float* in, const float* add, float* residual, size_t count
 // and `mask` (null: no zeros) on.
 void decode_span(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
                  bool accumulate, float* out) {
+  if (onebit_avx2::available()) {
+    return onebit_avx2::decode_span(signs, mask, count, pos, accumulate, out);
+  }
   size_t j = 0;
 #if defined(__SSE2__)
   const __m128 p = _mm_set1_ps(pos);

@@ -1,0 +1,131 @@
+#include "kernels/onebit_avx2.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/elementwise.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace pyring::onebit_avx2 {
+
+#if defined(__x86_64__)
+
+bool available() {
+  static const bool yes = [] {
+    const char* simd = std::getenv("PYRING_ONEBIT_SIMD");
+    return !(simd && std::strcmp(simd, "sse") == 0) && __builtin_cpu_supports("avx2");
+  }();
+  return yes;
+}
+
+__attribute__((target("avx2"))) void sum_block(const float* in, const float* residual, size_t count,
+                                               double& sumsq, size_t& zeros) {
+  size_t i = 0;
+  __m256 acc = _mm256_setzero_ps();
+  __m256i zero_lanes = _mm256_setzero_si256();  // minus the zeros seen per lane
+  const __m256 z = _mm256_setzero_ps();
+  for (; i + 8 <= count; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    zero_lanes = _mm256_add_epi32(zero_lanes, _mm256_castps_si256(_mm256_cmp_ps(v, z, _CMP_EQ_OQ)));
+  }
+  // The SSE path's acc0 + acc1: the low and high halves.
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+  sumsq += double(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
+  alignas(32) int32_t zl[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(zl), zero_lanes);
+  int64_t total = 0;
+  for (int k = 0; k < 8; ++k) total += zl[k];
+  zeros += static_cast<size_t>(-total);
+  for (; i < count; ++i) {
+    const float v = residual ? in[i] + residual[i] : in[i];
+    sumsq += double(v) * v;
+    zeros += v == 0.0f;
+  }
+}
+
+__attribute__((target("avx2"))) void pack_block(const float* in, const float* add, float* residual,
+                                                size_t count, float scale, bool zeros,
+                                                uint8_t* signs, uint8_t* mask) {
+  const size_t whole = count / 8;
+  const __m256 sc = _mm256_set1_ps(scale), sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 z = _mm256_setzero_ps();
+  for (size_t j = 0; j < whole; ++j) {
+    __m256 v = _mm256_loadu_ps(in + 8 * j);
+    if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + 8 * j));
+    const __m256 zv = _mm256_cmp_ps(v, z, _CMP_EQ_OQ);
+    signs[j] = static_cast<uint8_t>(_mm256_movemask_ps(v));  // the sign bits
+    if (zeros) mask[j] = static_cast<uint8_t>(_mm256_movemask_ps(zv));
+    if (residual) {
+      // v - decode(v): decode is copysign(scale, v), or 0 where v == 0.
+      const __m256 d = _mm256_andnot_ps(zv, _mm256_or_ps(_mm256_and_ps(v, sign_bit), sc));
+      _mm256_storeu_ps(residual + 8 * j, _mm256_sub_ps(v, d));
+    }
+  }
+  if (count % 8) {
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const size_t left = count % 8, at = 8 * whole;
+    uint32_t sb = 0, zb = 0;
+    for (size_t k = 0; k < left; ++k) {
+      tail[k] = add ? in[at + k] + add[at + k] : in[at + k];
+      sb |= onebit_sign_bit(tail[k]) << k;
+      zb |= onebit_zero_bit(tail[k]) << k;
+    }
+    signs[whole] = static_cast<uint8_t>(sb);
+    if (zeros) mask[whole] = static_cast<uint8_t>(zb);
+    if (residual) {
+      for (size_t k = 0; k < left; ++k) {
+        residual[at + k] = tail[k] - onebit_value(sb, zb, static_cast<int>(k), scale);
+      }
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void decode_span(const uint8_t* signs, const uint8_t* mask,
+                                                 size_t count, float pos, bool accumulate,
+                                                 float* out) {
+  const __m256 p = _mm256_set1_ps(pos);
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  size_t j = 0;
+  for (; 8 * j + 8 <= count; ++j) {
+    // Bit k of the byte to lane k: all-ones where set.
+    const __m256i s = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(signs[j]), bits), bits);
+    // -pos where the sign bit is set, else +pos.
+    __m256 d = _mm256_or_ps(_mm256_castsi256_ps(_mm256_slli_epi32(s, 31)), p);
+    if (mask) {
+      const __m256i zr =
+          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(mask[j]), bits), bits);
+      d = _mm256_andnot_ps(_mm256_castsi256_ps(zr), d);
+    }
+    float* o = out + 8 * j;
+    if (accumulate) d = _mm256_add_ps(d, _mm256_loadu_ps(o));
+    _mm256_storeu_ps(o, d);
+  }
+  for (; j * 8 < count; ++j) {
+    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
+    const size_t m = count - 8 * j < 8 ? count - 8 * j : 8;
+    float* o = out + 8 * j;
+    for (size_t k = 0; k < m; ++k) {
+      const float d = onebit_value(s, zr, static_cast<int>(k), pos);
+      o[k] = accumulate ? o[k] + d : d;
+    }
+  }
+}
+
+#else
+
+bool available() {
+  return false;
+}
+void sum_block(const float*, const float*, size_t, double&, size_t&) {}
+void pack_block(const float*, const float*, float*, size_t, float, bool, uint8_t*, uint8_t*) {}
+void decode_span(const uint8_t*, const uint8_t*, size_t, float, bool, float*) {}
+
+#endif
+
+}  // namespace pyring::onebit_avx2
