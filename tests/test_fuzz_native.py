@@ -17,6 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["tests/fuzz/fuzz_parsers.cc", "csrc/collectives/header.cc", "csrc/core/types.cc",
            "csrc/core/errors.cc", "csrc/core/topology.cc", "csrc/kernels/onebit.cc",
+           "csrc/kernels/onebit_avx2.cc",
            "csrc/transport/tcp/tcp_handshake.cc", "csrc/transport/tcp/hmac_sha256.cc"]
 FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=fuzzer,address,undefined",
          "-fno-sanitize-recover=undefined", "-I", os.path.join(ROOT, "csrc")]
