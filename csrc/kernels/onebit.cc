@@ -193,25 +193,26 @@ void pack_block(const float* in, const float* add, float* residual, size_t count
 // and `mask` (null: no zeros) on.
 void decode_span(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
                  bool accumulate, float* out) {
-  if (onebit_avx2::available()) {
-    return onebit_avx2::decode_span(signs, mask, count, pos, accumulate, out);
-  }
   size_t j = 0;
+  if (onebit_avx2::available()) {
+    j = onebit_avx2::decode_whole(signs, mask, count, pos, accumulate, out);
+  } else {
 #if defined(__SSE2__)
-  const __m128 p = _mm_set1_ps(pos);
-  for (; 8 * j + 8 <= count; ++j) {
-    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-    float* o = out + 8 * j;
-    __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
-    __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
-    if (accumulate) {
-      lo = _mm_add_ps(lo, _mm_loadu_ps(o));
-      hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
+    const __m128 p = _mm_set1_ps(pos);
+    for (; 8 * j + 8 <= count; ++j) {
+      const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
+      float* o = out + 8 * j;
+      __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
+      __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
+      if (accumulate) {
+        lo = _mm_add_ps(lo, _mm_loadu_ps(o));
+        hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
+      }
+      _mm_storeu_ps(o, lo);
+      _mm_storeu_ps(o + 4, hi);
     }
-    _mm_storeu_ps(o, lo);
-    _mm_storeu_ps(o + 4, hi);
-  }
 #endif
+  }
   for (; j * 8 < count; ++j) {
     const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
     const size_t m = count - 8 * j < 8 ? count - 8 * j : 8;

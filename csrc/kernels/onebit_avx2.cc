@@ -86,9 +86,9 @@ __attribute__((target("avx2"))) void pack_block(const float* in, const float* ad
   }
 }
 
-__attribute__((target("avx2"))) void decode_span(const uint8_t* signs, const uint8_t* mask,
-                                                 size_t count, float pos, bool accumulate,
-                                                 float* out) {
+__attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const uint8_t* mask,
+                                                    size_t count, float pos, bool accumulate,
+                                                    float* out) {
   const __m256 p = _mm256_set1_ps(pos);
   const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   size_t j = 0;
@@ -106,15 +106,7 @@ __attribute__((target("avx2"))) void decode_span(const uint8_t* signs, const uin
     if (accumulate) d = _mm256_add_ps(d, _mm256_loadu_ps(o));
     _mm256_storeu_ps(o, d);
   }
-  for (; j * 8 < count; ++j) {
-    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-    const size_t m = count - 8 * j < 8 ? count - 8 * j : 8;
-    float* o = out + 8 * j;
-    for (size_t k = 0; k < m; ++k) {
-      const float d = onebit_value(s, zr, static_cast<int>(k), pos);
-      o[k] = accumulate ? o[k] + d : d;
-    }
-  }
+  return j;
 }
 
 #else
@@ -124,7 +116,9 @@ bool available() {
 }
 void sum_block(const float*, const float*, size_t, double&, size_t&) {}
 void pack_block(const float*, const float*, float*, size_t, float, bool, uint8_t*, uint8_t*) {}
-void decode_span(const uint8_t*, const uint8_t*, size_t, float, bool, float*) {}
+size_t decode_whole(const uint8_t*, const uint8_t*, size_t, float, bool, float*) {
+  return 0;
+}
 
 #endif
 
