@@ -156,14 +156,20 @@ class OneBitAdam(torch.optim.Optimizer):
             p.copy_(flat_p[off:off + k].view_as(p))
             off += k
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def _begin_step(self, closure: Any) -> tuple:
+        """The closure's loss (None without one), and this step's flat parameters and
+        gradient; counts the step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         flat_p, g = self._params_and_grad()
         self.steps += 1
+        return loss, flat_p, g
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss, flat_p, g = self._begin_step(closure)
         frozen = self.steps > self.freeze_step
         if not frozen:
             all_reduce_wire(self.comm, g, "avg", self.warmup_wire)

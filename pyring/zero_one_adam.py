@@ -94,12 +94,7 @@ class ZeroOneAdam(OneBitAdam):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        flat_p, g = self._params_and_grad()
-        self.steps += 1
+        loss, flat_p, g = self._begin_step(closure)
         if self.steps > self.freeze_step:
             self._local_step(g, flat_p)
             return loss
