@@ -9,7 +9,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, _affinity, _device_links, pci, rendezvous, topology
+from . import _C, _affinity, _device_links, _settings, pci, rendezvous, topology
 from ._devices import device_name_of
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
@@ -61,8 +61,7 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
         raise ValueError(f"init: world_size must be a positive int, got {world!r}")
     if not (isinstance(rank, int) and 0 <= rank < world):
         raise ValueError(f"init: rank {rank!r} is out of range for world_size {world}")
-    bound = device_name_of(device if device is not None else
-                           os.environ.get("PYRING_DEVICE") or None)
+    bound = device_name_of(device if device is not None else _settings.read("PYRING_DEVICE"))
     comm = _connect(meeting, cfg, bound)
     comm.device = bound
     _live.add(comm)
@@ -224,12 +223,13 @@ def _addresses(cfg: Any, job_id: str, rank: int, channel: str, host_ip: str,
 
 
 def _spin_us(local_world: int) -> int:
-    """How long a waiting rank polls before it sleeps: long while every local rank has a core
-    of its own (a sleep and wake-up costs tens of microseconds), short when ranks share cores
-    (a polling rank would take the core from the rank it waits for)."""
-    if os.environ.get("PYRING_SPIN_US"):
-        return int(os.environ["PYRING_SPIN_US"])
-    return 1000 if local_world <= len(os.sched_getaffinity(0)) else 20
+    """PYRING_SPIN_US, else by whether every local rank has a core of its own (_settings)."""
+    spin = _settings.read("PYRING_SPIN_US")
+    if spin is not None:
+        return spin
+    if local_world <= len(os.sched_getaffinity(0)):
+        return _settings.SPIN_US_OWN_CORE
+    return _settings.SPIN_US_SHARED_CORES
 
 
 def default() -> Communicator:

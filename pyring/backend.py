@@ -28,12 +28,12 @@ Contracts:
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 from _pyring_autoload import BACKEND_NAME
 
+from . import _settings
 from ._buffers import bytes_of
 from ._c10d_work import PyringWork, _seconds
 from .api import init
@@ -90,7 +90,7 @@ def _group_topology(size: int) -> str | None:
     its own topology instead."""
     import torch.distributed as dist
 
-    spec = os.environ.get("PYRING_TOPOLOGY", "auto")
+    spec = _settings.read("PYRING_TOPOLOGY")
     if spec in ("auto", "flat") or not dist.is_initialized() or size == dist.get_world_size():
         return None
     return "auto"

@@ -1,6 +1,7 @@
 """The documentation keeps up with the code: every relative link in the README and docs/
-points at a file that exists, every PYRING_* variable the code reads is on the configuration
-page, and the package's __all__ names every delegated collective."""
+points at a file that exists, every PYRING_* variable the code reads is a row of the settings
+table, the configuration page carries that table as generated, and the package's __all__ names
+every delegated collective."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import re
 from pathlib import Path
 
 import pyring
-from pyring import api
+from pyring import _settings, api
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-READ = re.compile(r"(?:getenv|environ\.get|environ\[|env\.get|env_int|_choice)\(?\s*"
+READ = re.compile(r"(?:getenv|environ\.get|environ\[|env\.get|env_int|read|given)\(?\s*"
                   r"[\"'](PYRING_[A-Z0-9_]+)")
 
 
@@ -32,15 +33,36 @@ def test_relative_links_point_at_files():
     assert not broken, broken
 
 
-def test_every_variable_the_code_reads_is_documented():
+def test_every_variable_the_code_reads_is_a_setting():
     read = set()
     for src in [*ROOT.joinpath("pyring").rglob("*.py"), *ROOT.joinpath("csrc").rglob("*.cc"),
                 *ROOT.joinpath("csrc").rglob("*.h"), *ROOT.joinpath("csrc").rglob("*.cu")]:
         read |= set(READ.findall(src.read_text()))
     assert len(read) >= 15, sorted(read)  # the scan itself still finds them
+    missing = sorted(read - set(_settings.BY_VARIABLE))
+    assert not missing, f"read by the code, not rows of pyring/_settings.py: {missing}"
+
+
+def test_configuration_page_carries_the_generated_tables():
     page = (ROOT / "docs" / "configuration.md").read_text()
-    missing = sorted(v for v in read if f"`{v}`" not in page)
-    assert not missing, f"read by the code, not on docs/configuration.md: {missing}"
+    assert page == _settings.render_page(page), (
+        "docs/configuration.md differs from the settings table; renew it with "
+        "python -c 'import pyring._settings as s; s.write_page()'")
+    for s in _settings.SETTINGS:
+        assert f"`{s.variable}`" in page
+
+
+def test_a_malformed_variable_is_an_error_naming_it():
+    for variable, bad in [("PYRING_SPIN_US", "fast"), ("PYRING_FLIGHT_RECORDER", "-1"),
+                          ("PYRING_SEGMENT_BYTES", "huge"), ("PYRING_ALGO", "spiral"),
+                          ("PYRING_TIMEOUT", "0")]:
+        try:
+            _settings.read(variable, {variable: bad})
+        except ValueError as e:
+            assert variable in str(e) and bad in str(e), e
+        else:
+            raise AssertionError(f"{variable}={bad!r} was accepted")
+    assert _settings.read("PYRING_SEGMENT_BYTES", {}) == pyring._C.DEFAULT_SEGMENT_BYTES
 
 
 def test_all_names_every_delegated_collective():

@@ -76,7 +76,12 @@ void register_communicator(py::module_& m) {
   for (int c = 0; c < kNumShmCopies; ++c) copies.append(shm_copy_name(static_cast<ShmCopy>(c)));
   m.attr("SHM_COPY_NAMES") = py::tuple(copies);
   m.attr("MAX_TCP_STREAMS") = kMaxTcpStreams;
-  m.attr("DEFAULT_REDUCE_BYTES_PER_S") = Options{}.reduce_bytes_per_s;
+  const Options defaults;
+  m.attr("DEFAULT_REDUCE_BYTES_PER_S") = defaults.reduce_bytes_per_s;
+  m.attr("DEFAULT_TIMEOUT_S") = defaults.timeout_s;
+  m.attr("DEFAULT_SEGMENT_BYTES") = defaults.segment_bytes;
+  m.attr("DEFAULT_FLIGHT_ENTRIES") = defaults.flight_entries;
+  m.attr("PROGRESS_SPIN_US") = Communicator::kProgressSpinUs;
   m.def(
       "needed_peers",
       [](int rank, int size, std::vector<std::string> names, Groups groups) {

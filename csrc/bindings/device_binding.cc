@@ -87,6 +87,7 @@ void register_device(py::module_& m) {
   py::list kinds;
   for (int k = 0; k < kNumDeviceKinds; ++k) kinds.append(device_kind_name(DeviceKind(k)));
   m.attr("DEVICE_KIND_NAMES") = py::tuple(kinds);
+  m.attr("SIM_DEFAULT_DEVICES") = kSimDefaultDevices;
   py::class_<DeviceTicket>(m, "DeviceTicket")
       .def_property_readonly("device",
                              [](const DeviceTicket& t) { return t.queue->device().str(); })

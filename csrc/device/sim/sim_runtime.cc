@@ -40,7 +40,7 @@ static_assert(sizeof(SimIpc) <= sizeof(IpcHandle::bytes), "SimIpc must fit an Ip
 
 class Sim final : public SimRuntime {
  public:
-  Sim() : devices_(env_int("PYRING_SIM_DEVICES", 4)) {
+  Sim() : devices_(env_int("PYRING_SIM_DEVICES", kSimDefaultDevices)) {
     delay_us_.store(env_int("PYRING_SIM_DELAY_US", 0));
     const char* ipc = std::getenv("PYRING_SIM_IPC");
     refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;

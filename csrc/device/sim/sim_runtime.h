@@ -6,7 +6,7 @@
 //   a random 0..D microseconds before every operation, so that a missing wait shows.
 // - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
 // - Kernels: the host kernels, run on the stream's thread.
-// - PYRING_SIM_DEVICES: the device count (default 4). PYRING_SIM_IPC=refuse makes ipc_handle
+// - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse makes ipc_handle
 //   and ipc_open throw CudaError, as a runtime that refuses IPC does.
 #pragma once
 
@@ -15,6 +15,8 @@
 #include "device/runtime.h"
 
 namespace pyring {
+
+constexpr int kSimDefaultDevices = 4;
 
 class SimRuntime : public DeviceRuntime {
  public:
