@@ -6,8 +6,8 @@
 //   a random 0..D microseconds before every operation, so that a missing wait shows.
 // - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
 // - Kernels: the host kernels, run on the stream's thread.
-// - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse makes ipc_handle
-//   and ipc_open throw CudaError, as a runtime that refuses IPC does.
+// - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse
+//   makes ipc_handle and ipc_open throw CudaError, as a runtime that refuses IPC does.
 #pragma once
 
 #include <functional>

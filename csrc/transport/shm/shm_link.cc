@@ -46,7 +46,7 @@ ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
       peer_local_(peer_local),
       nslots_(mine_->header()->nslots),
       slot_bytes_(mine_->header()->slot_bytes),
-      copier_(copy) {}
+      copier_(copy, slot_bytes_) {}
 
 void ShmLink::post_send(const uint8_t* data, size_t bytes) {
   if (bytes > 0) sends_.push_back({data, bytes, 0});

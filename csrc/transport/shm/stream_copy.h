@@ -20,24 +20,30 @@ const char* shm_copy_name(ShmCopy c);
 // host has put on different core complexes), every cached store must first take its line back
 // from the reader's cache across the fabric, and memcpy runs several times slower.
 //
-// The placement changes while a job runs, so kAuto measures copies of kTimedBytes and more:
+// The placement changes while a job runs, so kAuto measures the copies that fill a slot or
+// reach kTimedBytes (the pieces of large messages):
 // - the first 2 * kSamples alternate between the methods;
 // - a method's cost is the median ticks per KiB of its last kSamples copies (a copy the
 //   scheduler interrupted does not count), a streaming copy timed up to its store fence;
 // - streaming is used while it costs under half of memcpy, because the writer's clock does not
 //   see that the reader then reads from memory instead of a cache;
 // - the method not in use is retried every kExploreEvery-th copy.
-// Copies from kMinBytes to kTimedBytes take the timed copies' last choice (memcpy before
-// there is one): timed alone, they would favour streaming even when the cores are near.
-// Copies below kMinBytes, and every copy off x86-64, use memcpy.
+// Smaller copies from kStreamBytes up (whole mid-size messages) stream: on the development
+// machines that cost at most a few percent while the cores were near, and saved 2-3.5x while
+// they were far (bench/results/shm_copy_mid_vm.json); timed alone they cannot tell, because
+// the reader's cost is what differs. Copies from kMinBytes to kStreamBytes take the timed
+// copies' last choice (memcpy before there is one). Copies below kMinBytes, and every copy off
+// x86-64, use memcpy.
 class SlotCopier {
  public:
   static constexpr size_t kMinBytes = 4 * 1024;
+  static constexpr size_t kStreamBytes = 8 * 1024;
   static constexpr size_t kTimedBytes = 128 * 1024;
   static constexpr uint32_t kExploreEvery = 64;
   static constexpr uint32_t kSamples = 5;
 
-  explicit SlotCopier(ShmCopy mode) : mode_(mode) {}
+  SlotCopier(ShmCopy mode, size_t slot_bytes)
+      : mode_(mode), timed_from_(slot_bytes < kTimedBytes ? slot_bytes : kTimedBytes) {}
   // Returns true when the copy used non-temporal stores. Either way, the copied bytes are
   // ordered before every store that follows (the publication of the slot).
   bool copy(uint8_t* dst, const uint8_t* src, size_t n) {
@@ -50,7 +56,7 @@ class SlotCopier {
 
  private:
   bool copy_large(uint8_t* dst, const uint8_t* src, size_t n);
-  bool pick_streaming();  // kAuto, a copy of kTimedBytes or more
+  bool pick_streaming();  // kAuto, a timed copy
 
   // Timestamp-counter ticks per KiB of a method's last kSamples copies.
   struct Samples {
@@ -60,7 +66,8 @@ class SlotCopier {
   };
 
   ShmCopy mode_;
-  Samples cost_[2];  // {memcpy, non-temporal}
+  size_t timed_from_;  // kAuto times copies of this size and more
+  Samples cost_[2];    // {memcpy, non-temporal}
   uint32_t count_ = 0;
   bool far_ = false;  // the timed copies' last choice, before exploration
 };
