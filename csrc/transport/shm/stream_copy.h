@@ -28,12 +28,13 @@ const char* shm_copy_name(ShmCopy c);
 // - streaming is used while it costs under half of memcpy, because the writer's clock does not
 //   see that the reader then reads from memory instead of a cache;
 // - the method not in use is retried every kExploreEvery-th copy.
-// Smaller copies from kStreamBytes up (whole mid-size messages) stream: on the development
-// machines that cost at most a few percent while the cores were near, and saved 2-3.5x while
-// they were far (bench/results/shm_copy_mid_vm.json); timed alone they cannot tell, because
-// the reader's cost is what differs. Copies from kMinBytes to kStreamBytes take the timed
-// copies' last choice (memcpy before there is one). Copies below kMinBytes, and every copy off
-// x86-64, use memcpy.
+// Smaller copies from kStreamBytes up (whole mid-size messages) stream. Timed alone they
+// cannot tell, because the reader's cost is what differs. On the development machine,
+// interleaved 2-rank allreduces (bench/results/interleaved_midstream_{quiet,membw}_vm.json):
+// - cores near: streaming cost 11-17% at 8-16 KiB and nothing measurable from 64 KiB;
+// - under the membw load (cores far): streaming was 1.7x (8 KiB) to 3.4x (64 KiB) faster.
+// Copies from kMinBytes to kStreamBytes take the timed copies' last choice (memcpy before
+// there is one). Copies below kMinBytes, and every copy off x86-64, use memcpy.
 class SlotCopier {
  public:
   static constexpr size_t kMinBytes = 4 * 1024;
