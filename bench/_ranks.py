@@ -1,4 +1,4 @@
-"""The processes of bench/training.py: its ranks start through tests/multiproc.py's run_ranks
+"""The processes of bench/training.py: its ranks start through pyring.launch's run_ranks
 (the launcher the multi-process tests use), and a failed run becomes a record, not an exception.
 
 Every rank ends with os._exit once its result is sent (run_ranks' hard_exit): torch can
@@ -9,15 +9,11 @@ holding the GIL), so a rank keeps what it built in KEEP and tears nothing down.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from multiproc import RankFailure, run_ranks  # noqa: E402
+from pyring.launch import RankFailure, run_ranks
 
 KEEP: list[Any] = []  # objects a rank must never free (see above)
 

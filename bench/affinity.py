@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
 
 SETTINGS = ("auto", "off")
 

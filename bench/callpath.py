@@ -44,7 +44,6 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
 from machine import describe  # noqa: E402
 
 RANK_SCRIPT = """

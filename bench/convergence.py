@@ -36,11 +36,9 @@ import time
 
 import torch
 import torch.multiprocessing as mp
-from torch import nn
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _tasks import TASKS  # noqa: E402
 from machine import describe  # noqa: E402
+from torch import nn
 
 EVAL_EVERY = 20
 

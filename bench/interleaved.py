@@ -228,7 +228,6 @@ def main() -> int:
     if not mpirun:
         sys.exit("interleaved.py needs Open MPI: apt-get install -y openmpi-bin "
                  "libopenmpi-dev; pip install mpi4py")
-    sys.path.insert(0, str(BENCH))
     import busy
 
     result = Path(args.out or BENCH / "results" / f"interleaved_{args.tag}.json")

@@ -25,7 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +38,7 @@ def _rank(cfg: dict) -> dict:
     import pyring
     from pyring import hooks
     from pyring._emulate import report
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    from train import CharGPT
+    from pyring.workload import CharGPT
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

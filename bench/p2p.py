@@ -30,8 +30,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402
 
 PINGPONG_BYTES = 4096

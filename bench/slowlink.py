@@ -23,8 +23,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 METHODS = ["local", "ddp_gloo_adamw", "adamw_fp32", "adamw_bf16", "onebit_adam", "periodic"]
 BASELINES = ("local", "ddp_gloo_adamw", "adamw_fp32")  # the others may run --more times longer
 

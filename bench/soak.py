@@ -3,7 +3,7 @@ a random rank and check that every survivor raises in time and nothing is left b
 
     python bench/soak.py                          # 4 ranks, 10 minutes, then 100 kill trials
     python bench/soak.py --minutes 1 --trials 10  # a short run
-    python bench/soak.py --fuzz-calls 10000       # also the API fuzz (tests/api_fuzz.py)
+    python bench/soak.py --fuzz-calls 10000       # also the API fuzz (pyring/testing/api_fuzz.py)
 
 Writes bench/results/soak_<tag>.json with the machine's description; exits non-zero when a
 target is missed (any wrong result, any failed trial, any fuzz failure).
@@ -22,8 +22,6 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -206,7 +204,7 @@ def kill_trials(world: int, trials: int, timeout_s: float, seed: int) -> dict:
 
 
 def fuzz(calls: int, seed: int) -> dict:
-    import api_fuzz as af
+    from pyring.testing import api_fuzz as af
 
     rng = random.Random(seed)
     pool = af.Pool(2)
@@ -243,20 +241,21 @@ def strangers(trials: int) -> dict:
     wrong-secret clients on every listening port of the ranks that wait for a late one), side
     by side per trial (tests/test_strangers.py)."""
     import test_strangers as ts
-    from multiproc import run_ranks
+
+    from pyring.launch import run_ranks
 
     env = {"PYRING_TRANSPORT": "tcp", "OMP_NUM_THREADS": "1"}
     rows = []
     for _ in range(trials):
-        quiet = run_ranks(4, ts._job, False, env=env, timeout=120)
-        noisy = run_ranks(4, ts._job, True, env=env, timeout=120)
+        quiet = run_ranks(4, ts.job, False, env=env, timeout=120)
+        noisy = run_ranks(4, ts.job, True, env=env, timeout=120)
         dropped: dict[str, int] = {}
         for r in noisy:
             for why, n in r[3].items():
                 dropped[why] = dropped.get(why, 0) + n
         answered = noisy[-1][4]
-        rows.append({"start_s_quiet": round(ts._delay(quiet), 4),
-                     "start_s_with_strangers": round(ts._delay(noisy), 4),
+        rows.append({"start_s_quiet": round(ts.delay(quiet), 4),
+                     "start_s_with_strangers": round(ts.delay(noisy), 4),
                      "dropped": dropped, "wrong_secret_clients": len(answered),
                      "strangers_accepted": sum(1 for a in answered if a),
                      "results_right": all(r[2] == 10.0 for r in quiet + noisy)})
@@ -272,10 +271,10 @@ def native_fuzz(runs: int) -> dict:
     import subprocess
     import tempfile
 
-    import test_fuzz_native as tf
+    from pyring.testing import native_fuzz as tf
 
     with tempfile.TemporaryDirectory() as tmp:
-        exe = tf.build(tmp)
+        exe = tf.build(tmp, os.path.dirname(HERE))
         corpus = os.path.join(tmp, "corpus")
         os.mkdir(corpus)
         for name, data in tf.seeds().items():

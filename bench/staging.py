@@ -24,16 +24,12 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+import torch
+from machine import describe
 
-import torch  # noqa: E402
-from machine import describe  # noqa: E402
-from multiproc import run_ranks  # noqa: E402
-
-from pyring import _C  # noqa: E402
-from pyring.config import parse_bytes  # noqa: E402
+from pyring import _C
+from pyring.config import parse_bytes
+from pyring.launch import run_ranks
 
 
 def _rank(rank, world, store, nbytes, rounds, iters):
@@ -96,7 +92,8 @@ def main() -> int:
         "device_over_sum": ratio, "median_device_over_sum": statistics.median(ratio),
         "wrong": [r[1] for r in res],
     }
-    path = os.path.join(HERE, "results", f"staging_{args.tag}.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"staging_{args.tag}.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"{nbytes >> 20} MiB, 2 ranks, median of {args.rounds} rounds: host "

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
 
 import torch  # noqa: E402
 from _train_step import METHODS  # noqa: E402

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402
 
 WIRES = ("fp32", "bf16", "onebit")
@@ -65,8 +64,7 @@ def _worker_main(cfg: dict) -> None:
 
 
 def _local(nbytes: int, rounds: int) -> list[dict]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from multiproc import run_ranks
+    from pyring.launch import run_ranks
 
     return run_ranks(2, _rank, nbytes, rounds, timeout=1800)
 

@@ -35,93 +35,35 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
-
-import pyring
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_launch import (  # noqa: E402
+from train_launch import (
     BusyTimer,
     Progress,
     connect,
     describe_device,
     gpu_count,
-    launch,
     pyring_comm_of_default_group,
     rank_device,
     watch_parent,
 )
 
+import pyring
+from pyring.launch import run_ranks
+from pyring.workload import CharGPT, get_batch, load_corpus
+
 SYNCS = ("pyring", "ddp-pyring", "ddp-gloo")
 
 
-# ----------------------------------------------------------------------------- data and model
-def load_corpus(max_bytes: int) -> torch.Tensor:
-    """The stdlib's *.py files (site-packages excluded), sorted by path, up to max_bytes."""
-    root = os.path.dirname(os.__file__)
-    paths = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in ("site-packages", "dist-packages"))
-        paths += [os.path.join(d, f) for f in files if f.endswith(".py")]
-    out, n = [], 0
-    for p in sorted(paths, key=lambda p: os.path.relpath(p, root)):
-        with open(p, "rb") as f:
-            b = f.read(max_bytes - n)
-        out.append(b)
-        n += len(b)
-        if n >= max_bytes:
-            break
-    return torch.frombuffer(bytearray(b"".join(out)), dtype=torch.uint8)
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
-
-
-class CharGPT(nn.Module):
-    """A GPT over bytes (vocabulary 256) with learned positions; forward returns the loss."""
-
-    def __init__(self, dim: int = 128, layers: int = 4, heads: int = 4, seq: int = 128) -> None:
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(256, dim), nn.Embedding(seq, dim)
-        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(layers)])
-        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, 256, bias=False)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
-        logits = self.head(self.ln(self.blocks(h)))
-        return F.cross_entropy(logits.view(-1, 256), y.reshape(-1))
-
-
-def get_batch(data: torch.Tensor, starts: torch.Tensor, seq: int,
-              device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = starts[:, None] + torch.arange(seq + 1)
-    w = data[idx].long().to(device)
-    return w[:, :-1], w[:, 1:]
-
-
 # ----------------------------------------------------------------------------- training
-def train(rank: int, world: int, port: int | None, args: argparse.Namespace) -> None:
+def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
+    """One rank: under torchrun `store` is None (the environment says where to meet), else the
+    store that pyring.launch's ranks meet through."""
     watch_parent()
     torch.set_num_threads(args.threads)
-    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if port is None else rank
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if store is None else rank
     device = rank_device(args.device, local_rank, args.ranks_per_gpu)
     print(f"rank {rank}: {describe_device(device, args.ranks_per_gpu, args.threads)}",
           flush=True)
-    comm = connect(args.sync, rank, world, port, args.timeout, device)
+    comm = connect(args.sync, rank, world, store, args.timeout, device)
     if args.sync == "ddp-pyring":
         comm = pyring_comm_of_default_group()
 
@@ -304,7 +246,7 @@ def main() -> None:
         return
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.ranks)
     try:
-        launch(train, args.ranks, (args,), args.time_limit)
+        run_ranks(args.ranks, train, args, timeout=args.time_limit)
     except Exception as e:
         sys.exit(f"train.py: {type(e).__name__}: {e}")
 

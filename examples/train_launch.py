@@ -1,5 +1,6 @@
-"""The processes of examples/train.py: how its ranks start, join the job, pick their device,
-time pyring's allreduces and show progress. Nothing here knows the model."""
+"""The processes of examples/train.py: how its ranks join the job (under torchrun, or through
+the store of pyring.launch's ranks), pick their device, time pyring's allreduces and show
+progress. Nothing here knows the model."""
 
 from __future__ import annotations
 
@@ -29,29 +30,6 @@ def watch_parent() -> None:
     threading.Thread(target=loop, daemon=True, name="watch-parent").start()
 
 
-def launch(fn: Any, world: int, fn_args: tuple, time_limit: float) -> dist.TCPStore:
-    """Runs fn(rank, world, store_port, *fn_args) on `world` spawned processes that meet
-    through a TCPStore held here (returned, so that ranks can leave results in it). Raises
-    when a rank fails (the others are killed) or on time_limit (every rank is killed)."""
-    import torch.multiprocessing as mp
-
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=time_limit))
-    ctx = mp.start_processes(fn, args=(world, store.port, *fn_args), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + time_limit
-    try:
-        while not ctx.join(timeout=0.5):  # raises when a rank failed, killing the others
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks still running after {time_limit:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return store
-
-
 def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -77,14 +55,12 @@ def describe_device(dev: torch.device, ranks_per_gpu: int, threads: int) -> str:
     return f"cpu, {threads} torch thread(s)"
 
 
-def connect(sync: str, rank: int, world: int, port: int | None, timeout: float,
+def connect(sync: str, rank: int, world: int, store: Any, timeout: float,
             device: torch.device | None = None) -> Any:
     """Joins the job; returns the pyring Communicator for --sync pyring, bound to ``device``
     when it is a GPU (so that ranks of one host exchange device to device over cuda_ipc),
     else None (the default process group is then set up)."""
     td = datetime.timedelta(seconds=timeout)
-    store = None if port is None else dist.TCPStore(
-        "127.0.0.1", port, world + 1, is_master=False, timeout=td)
     if sync == "pyring":
         bound = device if device is not None and device.type == "cuda" else None
         return (pyring.init(timeout=timeout, device=bound) if store is None

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 MIB = 1 << 20
@@ -25,13 +23,11 @@ ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, 
 WIRE_JOBS = {"pyring-bf16": "bf16", "pyring-onebit": "onebit"}
 
 
-def launch(world: int, fn: Callable, *args: Any, timeout: float, tests: Path) -> list[Any]:
+def launch(world: int, fn: Callable, *args: Any, timeout: float) -> list[Any]:
     """fn(rank, world, store, *args) on `world` spawned ranks, their results in rank order,
-    through the project's one launcher (tests/multiproc.py's run_ranks, from the source tree's
-    folder `tests`). Raises when a rank fails or outlives `timeout`."""
-    if str(tests) not in sys.path:
-        sys.path.insert(0, str(tests))
-    from multiproc import run_ranks
+    through the project's one launcher (pyring.launch). Raises when a rank fails or outlives
+    `timeout`."""
+    from .launch import run_ranks
 
     return run_ranks(world, fn, *args, timeout=timeout, hard_exit=True)
 
@@ -89,8 +85,8 @@ def kernels_rank(rank: int, world: int, store: Any, nbytes: int, rounds: int,
     return res | {"reduce_wrong": wrong, "onebit_bytes": encoded[0]}
 
 
-def measure_kernels(tests: Path, timeout: float) -> dict[str, Any]:
-    (res,) = launch(1, kernels_rank, KERNEL_BYTES, 5, 20, timeout=timeout, tests=tests)
+def measure_kernels(timeout: float) -> dict[str, Any]:
+    (res,) = launch(1, kernels_rank, KERNEL_BYTES, 5, 20, timeout=timeout)
     out = {"bytes": KERNEL_BYTES, "dtype": "float32", **res, "values": {
         "reduce_vs_copy": res["reduce_accumulate"]["vs_copy"],
         "onebit_vs_copy": res["onebit_encode"]["vs_copy"]}}
@@ -164,7 +160,7 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
     return {"times_s": times, "wrong": int((t != want).sum()), "device_transport": transport}
 
 
-def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str, Any]:
+def measure_allreduce(limit: Callable[[float], float]) -> dict[str, Any]:
     """Every job of ALLREDUCE_JOBS in fresh ranks (limit(cap): the seconds a job may take). A
     collective's time is the median over iterations of the slowest rank's; busbw is
     algbw x 2(n-1)/n as in nccl-tests."""
@@ -175,7 +171,7 @@ def measure_allreduce(tests: Path, limit: Callable[[float], float]) -> dict[str,
         warmup, iters = (2, 8) if lib == "gloo" else (3, 20)
         try:
             ranks = launch(world, allreduce_rank, lib, ALLREDUCE_BYTES, warmup, iters, 30.0,
-                           timeout=limit(90), tests=tests)
+                           timeout=limit(90))
         except Exception as e:
             out["runs"][key] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
             continue

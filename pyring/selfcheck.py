@@ -200,13 +200,13 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
 def step_kernels(c: Check) -> dict[str, Any]:
     from pyring._selfcheck_ranks import measure_kernels
 
-    return measure_kernels(tree() / "tests", c.left(180))
+    return measure_kernels(c.left(180))
 
 
 def step_allreduce(c: Check) -> dict[str, Any]:
     from pyring._selfcheck_ranks import measure_allreduce
 
-    return measure_allreduce(tree() / "tests", c.left)
+    return measure_allreduce(c.left)
 
 
 def main_job_args(c: Check) -> list[str]:

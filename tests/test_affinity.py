@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from multiproc import run_ranks
 
 import pyring
 from pyring import _affinity
+from pyring.launch import run_ranks
 
 
 def test_shares_are_contiguous_disjoint_and_cover_the_cpus():

@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import counts_for, expected, rank_input
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 HERE = os.path.dirname(__file__)
 TORCH_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import run_ranks
 from torch import nn
 
 import pyring
 from pyring.compression import received_bytes
+from pyring.launch import run_ranks
 from pyring.optim import OneBitAdam
 
 N = 300_001  # uneven chunks on 3 ranks

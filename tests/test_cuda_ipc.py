@@ -11,8 +11,9 @@ import os
 
 import pytest
 import torch
-from multiproc import run_ranks
 from test_sim_matrix import DELAY_US, _all_reduce_cases, _async_cases, _dev, _other_cases
+
+from pyring.launch import run_ranks
 
 
 class _Capture(logging.Handler):

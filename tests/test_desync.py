@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 WORLD = 5
 ODD = 4  # the rank that calls something else

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 
 @pytest.fixture()

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from multiproc import run_ranks
 
 import pyring
 from pyring._buffers import fast_call_args
+from pyring.launch import run_ranks
 
 
 def _declined(*args, **kwargs):

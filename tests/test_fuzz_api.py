@@ -7,9 +7,10 @@ from __future__ import annotations
 import collections
 import os
 
-import api_fuzz as af
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from pyring.testing import api_fuzz as af
 
 WORLD = 2
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import run_ranks
 
 from pyring import _C
+from pyring.launch import run_ranks
 
 have_gpu = _C.built_with_cuda() and _C.cuda_device_count() > 0 and torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu,

@@ -8,9 +8,9 @@ import tempfile
 import time
 
 import torch
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 
 def _late_peer(rank, world, store):

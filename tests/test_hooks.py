@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from multiproc import run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pyring
 from pyring.compression import received_bytes
+from pyring.launch import run_ranks
 
 STEPS = 3
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import run_ranks
 from torch import nn
 
 import pyring
+from pyring.launch import run_ranks
 
 STEPS = 4
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 
 def _init(rank: int, world: int, store, **kw) -> pyring.Communicator:

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 HERE = os.path.dirname(__file__)
 

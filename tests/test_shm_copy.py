@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 MIN_STREAMED = 4 * 1024  # SlotCopier::kMinBytes
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import DTYPES, OPS, counts_for, expected, rank_input
-from multiproc import run_ranks
+
+from pyring.launch import run_ranks
 
 DELAY_US = "200"
 

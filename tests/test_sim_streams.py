@@ -10,7 +10,8 @@ import time
 
 import pytest
 import torch
-from multiproc import run_ranks
+
+from pyring.launch import run_ranks
 
 ITERS = 40
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 import torch
-from multiproc import run_ranks
 
 import pyring
 from pyring import config
+from pyring.launch import run_ranks
 
 MIN_STRIPE = 64 * 1024  # kMinStripeBytes
 TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in struct tcp_info

@@ -13,9 +13,9 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
-from multiproc import run_ranks
 
 import pyring
+from pyring.launch import run_ranks
 
 
 def test_errors_are_torch_backend_errors():

@@ -12,8 +12,9 @@ import tempfile
 import pytest
 import torch
 from cases import DTYPES, OPS, counts_for, expected, rank_input
-from multiproc import run_ranks
 from test_collectives import _check, _other_cases
+
+from pyring.launch import run_ranks
 
 ALGOS = ("ring", "direct", "tree")
 # Uneven groups, groups of one, non-contiguous groups and two levels, per world size.

@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 
 import torch
-from multiproc import run_ranks
 
 import pyring
 from pyring.compression import GradientExchange, all_reduce_wire
+from pyring.launch import run_ranks
 
 
 def _pending(rank, world, store):

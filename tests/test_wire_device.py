@@ -6,10 +6,10 @@ a missing stream wait shows as a wrong result."""
 from __future__ import annotations
 
 import torch
-from multiproc import run_ranks
 
 import pyring
 from pyring.compression import all_reduce_wire
+from pyring.launch import run_ranks
 
 _DELAY = {"PYRING_SIM_DELAY_US": "100"}
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import run_ranks
 from torch import nn
 
 import pyring
 from pyring.compression import received_bytes
+from pyring.launch import run_ranks
 from pyring.optim import OneBitAdam, ZeroOneAdam
 
 KW = {"lr": 1e-2, "var_freeze_step": 6, "var_update_scaler": 2, "local_step_scaler": 2,

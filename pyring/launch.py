@@ -1,5 +1,5 @@
-"""Runs a function on N real processes that meet through a TCPStore: the one launcher of the
-multi-process tests and of bench/ (training.py, soak.py).
+"""Runs a function on N real processes that meet through a TCPStore: the project's one launcher
+of local ranks (the main job, the multi-process tests, bench/ and the self-check).
 
 ``run_ranks(world, fn, *args)`` starts ``world`` spawned processes, each calling
 ``fn(rank, world, store, *args)``, and returns their results in rank order. A rank that raises
