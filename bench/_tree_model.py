@@ -163,7 +163,7 @@ def print_prediction(name: str, pred: dict[str, Any]) -> None:
               f"~{human(c['size'])}")
 
 
-# ------------------------------------------------------------ emulated hosts (bench/hosts.py)
+# ------------------------------------------------------------ emulated hosts
 def host_class(rate: str | None) -> str:
     """tc rate -> class name: '1gbit' -> 'eth1g-emu', None (unshaped) -> 'veth-emu'."""
     m = re.fullmatch(r"([\d.]+)([kmg]?)bit", (rate or "").lower())
@@ -171,8 +171,9 @@ def host_class(rate: str | None) -> str:
 
 
 def host_layout(run: dict[str, Any]) -> list[int]:
-    """Ranks per host. hosts.py writes one count per host; [hosts, ranks_per_host] is accepted
-    where the run's world (or, without one, its link's host count) tells them apart."""
+    """Ranks per host. The old hosts.py wrote one count per host; [hosts, ranks_per_host] is
+    accepted where the run's world (or, without one, its link's host count) tells them
+    apart."""
     lay, world = [int(x) for x in run["layout"]], run.get("world")
     hosts = (run.get("link") or {}).get("hosts")
     if len(lay) == 2 and (sum(lay) != world == lay[0] * lay[1] if world is not None
@@ -186,7 +187,12 @@ def load_hosts(paths: list[str]) -> list[dict[str, Any]]:
     'ok' and whose row has no wrong element."""
     groups: dict[Any, list[dict[str, Any]]] = {}
     for path in paths:
-        for run in json.loads(Path(path).read_text()).get("runs", []):
+        doc = json.loads(Path(path).read_text())
+        if doc.get("benchmark") == "allreduce":  # bench/allreduce.py --hosts
+            for key, point in _allreduce_host_points(doc, Path(path).name):
+                groups.setdefault(key, []).append(point)
+            continue
+        for run in doc.get("runs", []):
             if run.get("status") != "ok":
                 continue
             lay = host_layout(run)
@@ -209,6 +215,24 @@ def load_hosts(paths: list[str]) -> list[dict[str, Any]]:
                     "size": size, "runs": len(g), "files": sorted({q["file"] for q in g}),
                     "t": ts[mid] if len(ts) % 2 else (ts[mid - 1] + ts[mid]) / 2,
                     "sent_per_host": sum(sent) / len(sent) if sent else None})
+    return out
+
+
+def _allreduce_host_points(doc: dict[str, Any], name: str) -> list[tuple[Any, dict]]:
+    """(group key, point) per pyring-ring / pyring-tree size of an emulated-hosts run of
+    bench/allreduce.py; "sent" is the bytes one host sent out per call."""
+    if not doc.get("hosts"):
+        return []
+    h, k = (int(x) for x in doc["hosts"].split("x"))
+    out = []
+    for e in doc["sizes"]:
+        for algo in ("ring", "tree"):
+            us = e["median_us"].get(f"pyring-{algo}")
+            if not us or e["wrong"].get(f"pyring-{algo}"):
+                continue
+            sent = e.get("sent_across_per_call", {}).get(f"pyring-{algo}")
+            out.append(((host_class(doc.get("rate")), tuple([k] * h), algo, e["bytes"]),
+                        {"t": us * 1e-6, "file": name, "sent": sent / h if sent else None}))
     return out
 
 

@@ -1,369 +1,394 @@
-"""Allreduce (float32, sum) benchmark: pyring vs torch gloo vs Open MPI on local ranks.
+#!/usr/bin/env python
+"""Allreduce of pyring beside the libraries users would pick, taking turns in one run: the
+project's one allreduce timing harness.
 
-    python bench/allreduce.py [--world 2] [--libs pyring,gloo,mpi] [--transport shm|tcp]
-                              [--min-bytes 4K] [--max-bytes 256M] [--iters N] [--warmup N]
-                              [--segment-bytes N] [--out PATH] [--tag NAME]
+    python bench/allreduce.py                                  # 2 ranks, 4K..64M, pyring and gloo
+    python bench/allreduce.py --libs pyring,mpi,gloo,oneccl --sizes 4K,64K,1M,16M,64M --runs 10
+    python bench/allreduce.py --algos ring,direct,tree --sizes 4K..64M   # pyring's algorithms
+    python bench/allreduce.py --transport tcp --libs pyring,gloo,tcp --sizes 64M
+    python bench/allreduce.py --hosts 2x2 --rate 1gbit --algos ring,tree --libs pyring,gloo
+    python bench/allreduce.py --libs pyring,mpi,oneccl --load membw   # a busy machine
 
-Every library runs in its own W processes, one torch/BLAS thread each: pyring and gloo
-ranks are spawned here and meet through a TCPStore on 127.0.0.1 held by this process;
-MPI ranks are launched by `mpirun -np W`. Ranks report through per-rank JSON-lines
-files (see _common.py), so the tables print as sizes complete. A library that is not
-installed is skipped, one that fails or hangs (--timeout, --stall-timeout) is killed
-and reported, and the others still run. Times: see _report.TIME_NOTE. torch gloo has no
-out-of-place allreduce: its out-of-place time includes copying the input into out.
+The machines this runs on move whole runs by 2-5x from one minute to the next, so separate runs
+of each library cannot be compared. Here the ranks start once per run; each rank joins every
+library and the libraries take turns, block by block, on the same float32 buffer, each round
+starting one library later. Per call the buffer is refilled, the library's own barrier runs,
+and one in-place sum allreduce is timed. A call's time is the slowest rank's; a block's time is
+the median over its calls; a library's time is the median over its blocks. `X/pyring` is, per
+round, X's block time over pyring's (> 1: pyring faster), median over rounds. Every result is
+checked (rank r contributes r+1).
 
-Writes bench/results/allreduce_<tag>_w<W>_<transport>.json (or --out) after every
-library, and a PNG of busbw against size with the same stem.
+Libraries (--libs, pyring first):
+- pyring; pyring-<variant>, a communicator of its own with one setting changed: -cached and
+  -streaming (PYRING_SHM_COPY), -ring, -direct and -tree (PYRING_ALGO; --algos adds them),
+  -tcpN (PYRING_SOCKET_NSTREAMS=N, N in 2..16);
+- gloo (torch.distributed); mpi (Open MPI through mpi4py; the ranks then start under mpirun);
+- oneccl (bench/oneccl/install.sh; its own job under Intel MPI's launcher, taking turns with
+  the other libraries' job round by round; skipped, saying so, where it is not installed);
+- memcpy: each rank copies the buffer, all at once (the memory system's pace);
+- tcp: 2 ranks send the buffer each way over one TCP connection, nothing reduced (the ceiling
+  of any allreduce over tcp).
+
+--transport applies to pyring. --out-of-place puts the result in a second buffer (gloo has no
+such call: its time includes copying the input there). --hosts HxK runs H emulated hosts of K
+ranks (pyring._emulate: network namespaces, root needed), their links shaped to --rate;
+pyring's cross-host bytes per call and each host's eth0 bytes are recorded. --flow-cap caps
+every TCP connection (a path that limits each flow). --load runs a background load
+(bench/busy.py) through the run; the JSON records memcpy's rate with and without it. --runs
+repeats the whole measurement and counts the runs where pyring is ahead of gloo, Open MPI and
+oneCCL at every size. Per library the JSON also has the cores each rank's process kept busy
+during its calls (user + system time over wall time). Writes
+bench/results/allreduce_<tag>.json (or --out) with the machine's description.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
-import shlex
 import shutil
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
-import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import _report
-import machine
-from _launch import ForeignLoad, Ranks, child_env
+import _allreduce_rank as rank_job
 
-BENCH_DIR = Path(__file__).resolve().parent
-LIBS = ("pyring", "gloo", "mpi")
-SKIP_RC = 3  # _common.SKIP_RC; not imported so this file stays importable without it
-
-
-def parse_bytes(text: str) -> int:
-    """'4096', '4K', '4KiB', '256M', '1G' -> bytes (binary multiples)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
-    digits = t[:-1] if scale > 1 else t
-    try:
-        return int(digits) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}") from None
+BENCH = Path(__file__).resolve().parent
+PEERS = ("gloo", "mpi", "oneccl", "memcpy", "tcp")
+ALGOS = ("ring", "direct", "tree")
+ONECCL_ALGO = "direct:0-1048576;ring:1048577-max"  # its best per size here; default is slow
 
 
-def default_iters(nbytes: int) -> int:
-    """Timed iterations per size and mode: ~1 GiB moved, between 5 and 500."""
-    return max(5, min(500, 2**30 // nbytes))
+def _sizes(spec: str) -> list[int]:
+    from pyring.config import parse_bytes
+
+    if ".." in spec:
+        lo, hi = (parse_bytes(x, "--sizes") for x in spec.split(".."))
+        sizes = []
+        while lo <= hi:
+            sizes.append(lo)
+            lo *= 2
+    else:
+        sizes = [parse_bytes(x, "--sizes") for x in spec.split(",")]
+    bad = [n for n in sizes if n % 4]
+    if bad or not sizes:
+        sys.exit(f"--sizes: every size must be a positive multiple of 4, got {spec!r}")
+    return sizes
 
 
-def default_warmup(nbytes: int) -> int:
-    """Untimed iterations per size and mode: a tenth of the timed ones, 2 to 20."""
-    return max(2, min(20, default_iters(nbytes) // 10))
+def _libs(args: argparse.Namespace) -> list[str]:
+    libs = args.libs.split(",") + [f"pyring-{a}" for a in args.algos.split(",") if a]
+    valid = {"pyring", *PEERS, *(f"pyring-{v}" for v in rank_job.PYRING_VARIANTS),
+             *(f"pyring-tcp{n}" for n in range(2, 17))}
+    if libs[0] != "pyring" or len(set(libs)) != len(libs) or not set(libs) <= valid:
+        sys.exit(f"--libs/--algos: pyring first, then distinct names among "
+                 f"{', '.join(sorted(valid - {'pyring'}))}; got {','.join(libs)}")
+    return libs
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--world", type=int, default=2, help="ranks per library (default 2)")
-    p.add_argument("--min-bytes", type=parse_bytes, default=4 * 2**10, help="default 4K")
-    p.add_argument("--max-bytes", type=parse_bytes, default=256 * 2**20, help="default 256M")
-    p.add_argument(
-        "--iters",
-        type=int,
-        help="timed iterations per size and mode "
-        "(default: 1 GiB / size, between 5 and 500: 500 up to 2 MiB, 5 at 256 MiB)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=int,
-        help="untimed iterations per size and mode (default: a tenth of the default iters, 2-20)",
-    )
-    p.add_argument("--libs", default=",".join(LIBS), help="comma list of pyring,gloo,mpi")
-    p.add_argument(
-        "--transport",
-        choices=("shm", "tcp"),
-        default="shm",
-        help="PYRING_TRANSPORT for the pyring ranks (default shm)",
-    )
-    p.add_argument(
-        "--segment-bytes",
-        type=parse_bytes,
-        help="segment_bytes for pyring.init (default: pyring's own)",
-    )
-    p.add_argument("--out", type=Path, help="JSON path (PNG next to it)")
-    p.add_argument("--tag", default=socket.gethostname(), help="file-name tag (default hostname)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="seconds one library may take in all (default 600)",
-    )
-    p.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=120.0,
-        help="seconds without any rank reporting before a library is killed",
-    )
-    p.add_argument(
-        "--mpirun-args",
-        default="--bind-to none",
-        help="extra mpirun arguments (default '--bind-to none', like the other libraries' ranks)",
-    )
-    p.add_argument("--no-plot", action="store_true")
-    args = p.parse_args(argv)
-    args.libs = [x.strip() for x in args.libs.split(",") if x.strip()]
-    for lib in args.libs:
-        if lib not in LIBS:
-            p.error(f"unknown library {lib!r}; choose from {','.join(LIBS)}")
-    if args.world < 1:
-        p.error("--world must be >= 1")
-    for name in ("min_bytes", "max_bytes"):
-        v = getattr(args, name)
-        if v < 4 or v & (v - 1):
-            p.error(f"--{name.replace('_', '-')} must be a power of two >= 4, got {v}")
-    if args.min_bytes > args.max_bytes:
-        p.error("--min-bytes is larger than --max-bytes")
-    if (args.iters is not None and args.iters < 1) or (args.warmup is not None and args.warmup < 0):
-        p.error("--iters must be >= 1 and --warmup >= 0")
+def _drop(args: argparse.Namespace, lib: str, why: str) -> None:
+    print(f"# {lib} skipped: {why}")
+    args.libs = [x for x in args.libs if x != lib]
+
+
+def _check_peers(args: argparse.Namespace) -> None:
+    """Drops, saying why, the libraries this machine or this layout cannot run."""
+    if args.hosts:
+        for lib in ("mpi", "oneccl", "memcpy", "tcp"):
+            if lib in args.libs:
+                _drop(args, lib, "not across emulated hosts (pyring and gloo only)")
+    if "tcp" in args.libs and args.world != 2:
+        _drop(args, "tcp", "the bare exchange is for 2 ranks")
+    if "mpi" in args.libs:
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            _drop(args, "mpi", "mpi4py is not installed (pip install mpi4py)")
+        if "mpi" in args.libs and not shutil.which("mpirun"):
+            _drop(args, "mpi", "no mpirun (apt-get install -y openmpi-bin libopenmpi-dev)")
+    args.ccl = None
+    if "oneccl" in args.libs:
+        env = Path(os.environ.get("PYRING_ONECCL_PREFIX", BENCH / "oneccl" / "env"))
+        prog, hydra = env / "bin" / "ccl_allreduce", env / "bin" / "mpiexec.hydra"
+        if prog.exists() and hydra.exists():
+            args.ccl = [str(hydra), "-n", str(args.world), str(prog)]
+        else:
+            _drop(args, "oneccl", f"{prog} missing: run bench/oneccl/install.sh (needs PyPI)")
+
+
+def _config(args: argparse.Namespace, libs: list[str], blocks: int) -> dict[str, Any]:
+    return {"libs": libs, "sizes": args.sizes, "blocks": blocks, "iters": args.iters,
+            "warmup": args.warmup, "layout": args.layout, "out_of_place": args.out_of_place}
+
+
+def _env(args: argparse.Namespace, tmp: str) -> dict[str, str]:
+    """The ranks' environment beyond this process's."""
+    env = {"OMP_NUM_THREADS": "1"}
+    if args.transport:
+        env["PYRING_TRANSPORT"] = args.transport
+    if args.flow_cap > 0:
+        shim = Path(tmp) / "flow_cap.so"
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(BENCH / "flow_cap.c"), "-o",
+                        str(shim), "-ldl"], check=True)
+        env.update(LD_PRELOAD=str(shim), FLOW_CAP_BYTES_PER_S=str(int(args.flow_cap * 1e6)))
+    if args.hosts and args.world > len(os.sched_getaffinity(0)):
+        # Every emulated host's ranks share this machine's cores, which pyring's spin rule
+        # (local world against cores) cannot see: long spins would starve the other hosts.
+        env.setdefault("PYRING_SPIN_US", os.environ.get("PYRING_SPIN_US", "20"))
+    return env
+
+
+def _launch(args: argparse.Namespace, libs: list[str], blocks: int) -> list[dict]:
+    """One job of `libs` (oneCCL aside), `blocks` rounds: the raw entries of rank 0."""
+    cfg = _config(args, libs, blocks)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = _env(args, tmp)
+        if args.hosts:
+            from pyring._emulate import EmulatedHosts
+
+            argv = [sys.executable, __file__, "--rank", json.dumps(cfg)]
+            with EmulatedHosts(hosts=len(args.layout), rate=args.rate) as hosts:
+                args.link = hosts.link
+                return hosts.run(args.layout, argv, env=env, timeout=args.timeout)[0]
+        if "mpi" in libs:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                cfg["port"] = s.getsockname()[1]
+            cfg["result"] = str(Path(tmp) / "result.json")
+            cmd = [shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np",
+                   str(args.world), "--bind-to", "none", sys.executable, __file__, "--rank",
+                   json.dumps(cfg)]
+            subprocess.run(cmd, check=True, timeout=args.timeout, env={**os.environ, **env})
+            return json.loads(Path(cfg["result"]).read_text())
+        from pyring.launch import run_ranks
+
+        saved = dict(os.environ)
+        os.environ.update(env)  # before the ranks' interpreters start (LD_PRELOAD)
+        try:
+            return run_ranks(args.world, rank_job.run, cfg, timeout=args.timeout,
+                             hard_exit=True)[0]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def rank_main(cfg: dict[str, Any]) -> int:
+    """A rank started by mpirun or by the emulated hosts."""
+    import torch.distributed as dist
+
+    if "port" in cfg:
+        from mpi4py import MPI
+
+        mpi = MPI.COMM_WORLD
+        rank, world = mpi.Get_rank(), mpi.Get_size()
+        store = dist.TCPStore("127.0.0.1", cfg["port"], world, rank == 0,
+                              timeout=timedelta(seconds=120))
+        out = rank_job.run(rank, world, store, cfg, mpi)
+        if rank == 0:
+            Path(cfg["result"]).write_text(json.dumps(out))
+        return 0
+    from pyring._emulate import report
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=timedelta(seconds=120))
+    report(rank_job.run(rank, world, store, cfg))
+    return 0
+
+
+def _oneccl_block(args: argparse.Namespace) -> list[dict]:
+    """One oneCCL block per size: [{"blocks": [[seconds, ...]], "wrong": n}, ...]."""
+    env = {**os.environ, "CCL_ATL_TRANSPORT": "mpi", "CCL_LOG_LEVEL": "error",
+           "CCL_ALLREDUCE": ONECCL_ALGO}
+    cmd = [*args.ccl, ",".join(map(str, args.sizes)), "1", str(args.iters), str(args.warmup)]
+    out = subprocess.run(cmd, check=True, timeout=args.timeout, env=env, capture_output=True,
+                         text=True)
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
+    return json.loads(line)["sizes"]
+
+
+def _measure(args: argparse.Namespace) -> list[dict]:
+    """One run. With oneCCL, each round is one job of the other libraries and one oneCCL job,
+    taking turns going first; without it, one job of every round."""
+    others = [lib for lib in args.libs if lib != "oneccl"]
+    if args.ccl is None:
+        return _launch(args, others, args.blocks)
+    merged: list[dict] = []
+    for r in range(args.blocks):
+        ccl_sizes = _oneccl_block(args) if r % 2 else None
+        sizes = _launch(args, others, 1)
+        if ccl_sizes is None:
+            ccl_sizes = _oneccl_block(args)
+        for k, (e, c) in enumerate(zip(sizes, ccl_sizes)):
+            times = c["blocks"][0]
+            block = {"lib": "oneccl", "median_us": statistics.median(times),
+                     "min_us": min(times), "sent_across_per_call": 0, "wire_per_call": 0,
+                     "cores_busy": []}
+            if len(merged) <= k:
+                merged.append({**e, "blocks": [], "wrong": dict.fromkeys(args.libs, 0)})
+            m = merged[k]
+            m["blocks"].extend(e["blocks"] + [block])
+            for n in others:
+                m["wrong"][n] += e["wrong"][n]
+            m["wrong"]["oneccl"] += c["wrong"]
+    return merged
+
+
+def _summarize(entry: dict, libs: list[str]) -> dict:
+    blocks, k = entry["blocks"], len(libs)
+    med = {lib: statistics.median(b["median_us"] for b in blocks if b["lib"] == lib)
+           for lib in libs}
+    ratios: dict[str, list[float]] = {lib: [] for lib in libs[1:]}
+    for r in range(0, len(blocks), k):
+        round_ = {b["lib"]: b["median_us"] for b in blocks[r:r + k]}
+        for lib in ratios:
+            ratios[lib].append(round_[lib] / round_["pyring"])
+    across = {lib: statistics.median(b["sent_across_per_call"] for b in blocks
+                                     if b["lib"] == lib) for lib in libs}
+    wire = {lib: statistics.median(b["wire_per_call"] for b in blocks if b["lib"] == lib)
+            for lib in libs}
+    cores = {lib: statistics.median(statistics.fmean(b["cores_busy"]) for b in blocks
+                                    if b["lib"] == lib and b["cores_busy"]) if lib != "oneccl"
+             else None for lib in libs}
+    return {**entry, "median_us": med, "cores_busy": cores,
+            "algbw_GBps": {lib: entry["bytes"] / (us * 1e3) for lib, us in med.items()},
+            "ratio_over_pyring": ratios,
+            "median_ratio": {lib: statistics.median(v) for lib, v in ratios.items()},
+            "sent_across_per_call": across, "wire_per_call": wire}
+
+
+def _ahead(sizes: list[dict]) -> bool:
+    """pyring is ahead of every other library (memcpy, tcp and its own variants aside)."""
+    return all(ratio > 1.0 for e in sizes for lib, ratio in e["median_ratio"].items()
+               if lib in ("gloo", "mpi", "oneccl"))
+
+
+def _print(args: argparse.Namespace, sizes: list[dict], where: str) -> int:
+    place = "out-of-place" if args.out_of_place else "in-place"
+    print(f"# {args.world} ranks, {place} float32 sum, {where}, {args.blocks} rounds; time = "
+          "median over rounds of the block's median slowest-rank time")
+    libs = args.libs
+    head = f"{'size':>10} " + " ".join(f"{lib + ' us':>12} {'GB/s':>6}" for lib in libs)
+    head += " " + " ".join(f"{lib + '/pyring':>12}" for lib in libs[1:]) + "  streamed"
+    print(head)
+    wrong = 0
+    for e in sizes:
+        line = f"{e['bytes']:>10} " + " ".join(
+            f"{e['median_us'][lib]:>12.2f} {e['algbw_GBps'][lib]:>6.2f}" for lib in libs)
+        line += " " + " ".join(f"{e['median_ratio'][lib]:>12.2f}" for lib in libs[1:])
+        line += f"  {max(e['pyring_streamed_fraction']):>8.2f}"
+        print(line)
+        wrong += sum(e["wrong"].values())
+    if args.hosts:
+        print("# bytes per call across the hosts (MB): pyring's sent (comm.stats), every "
+              "host's eth0 tx")
+        for e in sizes:
+            print(f"{e['bytes']:>10} " + " ".join(
+                f"{lib}: {e['sent_across_per_call'][lib] / 1e6:.3f} sent, "
+                f"{e['wire_per_call'][lib] / 1e6:.3f} wire" for lib in libs))
+    print("# cores busy per rank during the calls (user + system / wall, mean over ranks): "
+          + ", ".join(f"{lib} {sizes[-1]['cores_busy'][lib]:.2f}" for lib in libs
+                      if sizes[-1]["cores_busy"][lib] is not None) + f" at {sizes[-1]['bytes']} B")
+    print(f"# wrong elements: {wrong}; 'X/pyring' > 1: pyring faster; streamed: the largest "
+          f"fraction of a rank's bytes that pyring copied into shm slots with non-temporal "
+          f"stores (PYRING_SHM_COPY)")
+    return wrong
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    ap.add_argument("--libs", default="pyring,gloo", help="pyring first (see below)")
+    ap.add_argument("--algos", default="", help=f"adds pyring-<algo> for some of {ALGOS}")
+    ap.add_argument("--sizes", "--bytes", dest="sizes", default="4K..64M",
+                    help="4096, 4K,64K or a range of powers of two 4K..256M")
+    ap.add_argument("--transport", choices=("shm", "tcp"), help="pyring's (default: auto)")
+    ap.add_argument("--out-of-place", action="store_true",
+                    help="the result into a second buffer (gloo: a copy, then in place)")
+    ap.add_argument("--world", type=int, default=2, help="local ranks (without --hosts)")
+    ap.add_argument("--hosts", default="", metavar="HxK", help="emulated hosts x ranks each")
+    ap.add_argument("--rate", default="1gbit", help="--hosts links' rate ('none': unshaped)")
+    ap.add_argument("--blocks", type=int, default=10, help="rounds (blocks per library)")
+    ap.add_argument("--iters", type=int, default=200,
+                    help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--flow-cap", type=float, default=0.0, metavar="MB/S",
+                    help="cap every TCP connection at this rate (bench/flow_cap.c)")
+    ap.add_argument("--load", default="none", choices=("none", "cpu", "membw", "mixed"),
+                    help="background load through the whole run (bench/busy.py)")
+    ap.add_argument("--runs", type=int, default=1, help="independent runs")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per job")
+    ap.add_argument("--tag", default="vm")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    args.libs = _libs(args)
+    args.sizes = _sizes(args.sizes)
+    args.layout, args.link = None, None
+    if args.hosts:
+        try:
+            h, k = (int(x) for x in args.hosts.lower().split("x"))
+        except ValueError:
+            ap.error(f"--hosts: expected HxK such as 2x2, got {args.hosts!r}")
+        if h < 1 or k < 1:
+            ap.error(f"--hosts: {args.hosts!r} needs at least 1 host of 1 rank")
+        args.layout, args.world = [k] * h, h * k
+        args.rate = None if args.rate == "none" else args.rate
+    if args.world < 2:
+        ap.error(f"--world: at least 2 ranks, got {args.world}")
+    _check_peers(args)
+    if len(args.libs) < 2:
+        ap.error("nothing to compare pyring with: give --libs or --algos")
     return args
 
 
-def _start(run: Ranks, args: argparse.Namespace, cfg: dict[str, Any], tmp: Path) -> Any:
-    """Launches the ranks of run.lib; returns an object to keep alive (the store) or
-    sets run.skip when the library cannot be launched at all."""
-    if run.lib == "mpi":
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            run.skip = "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-            return None
-        if importlib.util.find_spec("mpi4py") is None:
-            run.skip = "mpi4py not importable (pip install mpi4py)"
-            return None
-        cfg_path = tmp / "mpi.json"
-        cfg_path.write_text(json.dumps(cfg))
-        cmd = [
-            mpirun,
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            str(args.world),
-            *shlex.split(args.mpirun_args),
-            sys.executable,
-            str(BENCH_DIR / "_mpi_worker.py"),
-            str(cfg_path),
-        ]
-        print("# launch: " + shlex.join(cmd), flush=True)
-        run.spawn(cmd, child_env({}), tmp / "mpi.log", BENCH_DIR.parent)
-        return None
+def main() -> int:
+    if sys.argv[1:2] == ["--rank"]:
+        return rank_main(json.loads(sys.argv[2]))
+    args = parse()
+    if args.hosts:
+        from pyring._emulate import available
 
-    import torch.distributed as dist
+        ok, why = available(shaping=args.rate is not None)
+        if not ok:
+            sys.exit(f"--hosts: cannot emulate hosts here: {why}")
+    import busy
+    from machine import describe
 
-    store = dist.TCPStore(
-        "127.0.0.1", 0, None, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-    )
-    extra = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    if run.lib == "pyring":
-        extra["PYRING_TRANSPORT"] = args.transport
-    for r in range(args.world):
-        cfg_path = tmp / f"{run.lib}.rank{r}.json"
-        cfg_path.write_text(json.dumps({**cfg, "rank": r, "store_port": store.port}))
-        cmd = [sys.executable, str(BENCH_DIR / "_torch_worker.py"), str(cfg_path)]
-        run.spawn(cmd, child_env(extra), tmp / f"{run.lib}.rank{r}.log", BENCH_DIR.parent)
-    print(
-        f"# launch: {args.world} x {shlex.join(cmd[:2])} (TCPStore 127.0.0.1:{store.port}"
-        + (f", PYRING_TRANSPORT={args.transport}" if run.lib == "pyring" else "")
-        + ")",
-        flush=True,
-    )
-    return store
-
-
-def run_library(lib: str, args: argparse.Namespace, sizes: list[int], tmp: Path) -> dict:
-    """Runs one library to completion, failure or timeout; never raises for a rank's fault."""
-    result_dir = tmp / lib
-    result_dir.mkdir()
-    cfg = {
-        "lib": lib,
-        "world": args.world,
-        "sizes": sizes,
-        "result_dir": str(result_dir),
-        "iters": [args.iters or default_iters(s) for s in sizes],
-        "warmup": [default_warmup(s) if args.warmup is None else args.warmup for s in sizes],
-        "segment_bytes": args.segment_bytes,
-    }
-    title = f"W={args.world}" + (f", transport={args.transport}" if lib == "pyring" else "")
-    if lib == "pyring" and args.segment_bytes:
-        title += f", segment_bytes={args.segment_bytes}"
-    print(f"\n# ===== {lib} ({title})", flush=True)
-    run = Ranks(lib, args.world, result_dir)
-    load_before, foreign = os.getloadavg(), ForeignLoad()
-    t0 = time.monotonic()
-    rows: list[dict[str, Any]] = []
-    status, reason, last_progress, header_done = "ok", "", time.monotonic(), False
-
-    def emit_rows() -> None:
-        nonlocal header_done
-        while all(len(r) > len(rows) for r in run.rows):
-            if not header_done:
-                print(_report.table_header(lib, title), flush=True)
-                header_done = True
-            row = _report.aggregate_row([r[len(rows)] for r in run.rows], args.world)
-            rows.append(row)
-            print(_report.table_row(row), flush=True)
-
-    try:
-        keep = _start(run, args, cfg, tmp)
-        while run.procs:
-            if run.read():
-                last_progress = time.monotonic()
-            emit_rows()
-            run.sample_cpu()
-            codes = [p.poll() for p in run.procs]
-            now = time.monotonic()
-            if run.skip is not None:
-                status = "skipped"
-            elif run.errors or any(c not in (None, 0) for c in codes):
-                status = "error"
-            elif all(c is not None for c in codes):
-                break
-            elif now - t0 > args.timeout:
-                status, reason = "timeout", f"took more than --timeout {args.timeout:g} s"
-            elif now - last_progress > args.stall_timeout:
-                reason = f"no progress for --stall-timeout {args.stall_timeout:g} s"
-                status = "timeout"
-            if status != "ok":
-                time.sleep(0.5)  # let the failing rank finish writing its record
-                run.kill()
-                break
-            time.sleep(0.1)
-        run.read()
-        emit_rows()
-        del keep
-    except BaseException:  # our own failure or Ctrl-C: no rank may outlive this call
-        run.kill()
-        raise
-    error = None
-    if run.skip is not None:
-        status = "skipped"
-        hint = " (install it, or put an in-place build on PYTHONPATH)" if lib == "pyring" else ""
-        print(f"# {lib}: SKIPPED: {run.skip}{hint}", flush=True)
-    elif status == "ok" and len(rows) < len(sizes):
-        status = "error"
-    wrong = sum(r[m]["wrong"] for r in rows for m in ("oop", "ip"))
-    if status == "ok" and wrong:
-        status = "wrong"  # finished, but some results were not W(W+1)/2
-    if status in ("error", "timeout"):
-        codes = [p.returncode for p in run.procs]
-        parts = [reason] if status == "timeout" else []
-        parts += run.errors or [f"exit codes {codes}"]
-        error = "\n".join(parts)
-        print(
-            f"# {lib}: FAILED ({status}) after {len(rows)}/{len(sizes)} sizes:\n{error}",
-            file=sys.stderr,
-            flush=True,
-        )
-        print(run.log_tail(), file=sys.stderr, flush=True)
-    if rows:
-        print(_report.table_footer(rows), flush=True)
-    elapsed = time.monotonic() - t0
-    load = foreign.stop(run)
-    print(f"# {lib}: {status}, {elapsed:.1f} s", flush=True)
-    if load["foreign_share"] > 0.05 and load["foreign_user_cpu_s"] > 0.5:
-        print(
-            f"# WARNING: other processes used {load['foreign_user_cpu_s']:.1f} CPU-s "
-            f"({100 * load['foreign_share']:.0f}% of the machine) while {lib} ran: "
-            "its timings are not trustworthy",
-            flush=True,
-        )
-    return {
-        "status": status,
-        "error": error,
-        "skip_reason": run.skip,
-        "seconds": round(elapsed, 2),
-        "wrong_total": wrong,
-        "loadavg_before_after": [load_before, os.getloadavg()],
-        "foreign_load": load,
-        "info": run.info.get(0),
-        "config": {k: cfg[k] for k in ("iters", "warmup")},
-        "rows": rows,
-    }
-
-
-def default_out(args: argparse.Namespace) -> Path:
-    tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.tag)
-    return BENCH_DIR / "results" / f"allreduce_{tag}_w{args.world}_{args.transport}.json"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    sizes = []
-    s = args.min_bytes
-    while s <= args.max_bytes:
-        sizes.append(s)
-        s *= 2
-    out = args.out or default_out(args)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    started = datetime.datetime.now(datetime.timezone.utc)
-    desc = machine.describe()
-    cpu, pk = desc["cpu"], desc["packages"]
-    print(
-        f"# allreduce float32 sum, W={args.world}, {len(sizes)} sizes "
-        f"{_report.human_bytes(sizes[0])}..{_report.human_bytes(sizes[-1])}, libs "
-        f"{','.join(args.libs)}"
-    )
-    print(
-        f"# {cpu['model']}, {cpu['usable_cores']} cores, {desc['memory']['total_gib']} GiB; "
-        f"python {desc['python']['version']}, torch {pk['torch']}, mpi4py {pk['mpi4py']}, "
-        f"{desc['open_mpi']}",
-        flush=True,
-    )
-    doc: dict[str, Any] = {
-        "benchmark": "allreduce",
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "started_at": started.isoformat(),
-        "world": args.world,
-        "transport": args.transport,
-        "dtype": "float32",
-        "op": "sum",
-        "timing": _report.TIME_NOTE,
-        "gloo_out_of_place": "copy into out + in-place all_reduce, both timed",
-        "machine": desc,
-        "results": {},
-    }
-    tmp = Path(tempfile.mkdtemp(prefix="pyring-bench-"))
-    failed = False
-    for lib in args.libs:
-        try:
-            res = run_library(lib, args, sizes, tmp)
-        except Exception as e:  # launching itself failed: report, go on with the others
-            res = {"status": "error", "error": f"{type(e).__name__}: {e}", "rows": []}
-            print(f"# {lib}: FAILED to launch: {res['error']}", file=sys.stderr, flush=True)
-        failed |= res["status"] in ("error", "timeout", "wrong")
-        doc["results"][lib] = res
-        doc["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-    print("\n" + _report.summary(doc["results"]))
-    print(f"# json: {out}")
-    if not args.no_plot and any(r["rows"] for r in doc["results"].values()):
-        png = out.with_suffix(".png")
-        pyring_note = f", pyring transport={args.transport}" if "pyring" in args.libs else ""
-        title = (
-            f"allreduce float32 sum, W={args.world}{pyring_note}"
-            f" - {cpu['model']}, {cpu['usable_cores']} cores"
-        )
-        err = _report.plot(doc["results"], str(png), title)
-        print(f"# {err}" if err else f"# png: {png}")
-    if failed:
-        bad = [f"{lib}: {r['status']}" for lib, r in doc["results"].items() if r["status"] != "ok"]
-        print(f"# NOT OK: {', '.join(bad)}; rank logs kept in {tmp}")
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if failed else 0
+    result = Path(args.out or BENCH / "results" / f"allreduce_{args.tag}.json")
+    quiet_memcpy = busy.memcpy_gbps()
+    runs = []
+    with busy.Load(args.load) as load:
+        loaded_memcpy = busy.memcpy_gbps()
+        for _ in range(args.runs):
+            runs.append([_summarize(e, args.libs) for e in _measure(args)])
+    transport = args.transport or ("shm within a host, tcp across" if args.hosts else "shm")
+    where = (f"{args.hosts} emulated hosts, links {args.rate or 'unshaped'}, "
+             if args.hosts else "") + f"pyring over {transport}"
+    if args.flow_cap > 0:
+        where += f", each TCP connection capped at {args.flow_cap:g} MB/s"
+    summary = {"benchmark": "allreduce", "command": ["python", "bench/allreduce.py",
+                                                     *sys.argv[1:]],
+               "machine": describe(), "world": args.world, "where": where,
+               "transport": args.transport or ("auto" if args.hosts else "shm"),
+               "hosts": args.hosts or None, "rate": args.rate if args.hosts else None,
+               "link": args.link, "flow_cap_MBps": args.flow_cap, "libs": args.libs,
+               "load": load.describe(),
+               "memcpy_GBps": {"quiet": quiet_memcpy, "under_load": loaded_memcpy},
+               "rounds": args.blocks, "sizes": runs[-1], "runs": runs,
+               "pyring_ahead_runs": sum(_ahead(r) for r in runs)}
+    result.write_text(json.dumps(summary, indent=1) + "\n")
+    wrong = sum(_print(args, sizes, where) for sizes in runs)
+    print(f"# load {args.load}: memcpy {quiet_memcpy:.1f} GB/s quiet, {loaded_memcpy:.1f} GB/s "
+          f"under it; pyring ahead of gloo, mpi and oneccl at every size in "
+          f"{summary['pyring_ahead_runs']} of {len(runs)} run(s)")
+    print(f"# json: {result}")
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

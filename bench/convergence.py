@@ -195,6 +195,9 @@ def main() -> None:
     methods += ["zero_one_adam"]
     methods += [f"onebit_adam_{f}" for f in args.freeze_sweep.split(",") if f]
     if args.methods:
+        unknown = [m for m in args.methods.split(",") if m not in methods]
+        if unknown:
+            ap.error(f"--methods: unknown {','.join(unknown)} (valid: {','.join(methods)})")
         methods = ["adamw_fp32"] + [m for m in args.methods.split(",") if m != "adamw_fp32"]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

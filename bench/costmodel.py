@@ -82,6 +82,9 @@ def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
     for path in paths:
         doc = json.loads(Path(path).read_text())
         cores = (doc.get("machine") or {}).get("cpu", {}).get("usable_cores") or 1 << 30
+        if "sizes" in doc:  # bench/allreduce.py's interleaved runs: in place, medians
+            pts += _interleaved_points(doc, Path(path).name, cores)
+            continue
         for lib, res in doc.get("results", {}).items():
             if res.get("status") != "ok":
                 continue
@@ -100,6 +103,28 @@ def load_points(paths: list[str], mode: str) -> list[dict[str, Any]]:
                             "algo": a,
                             "file": Path(path).name, "started": doc.get("started_at", ""),
                             "oversub": doc["world"] > cores})
+    return pts
+
+
+def _interleaved_points(doc: dict[str, Any], name: str, cores: int) -> list[dict[str, Any]]:
+    """One point per library and size of a local run of bench/allreduce.py (emulated hosts are
+    _tree_model.load_hosts's): the median over rounds of its blocks' times."""
+    if doc.get("hosts"):
+        return []
+    pts = []
+    for e in doc["sizes"]:
+        for lib, us in e["median_us"].items():
+            base, _, algo = lib.partition("-")
+            if base not in ("pyring", "gloo", "mpi") or e["wrong"].get(lib) or us <= 0:
+                continue
+            if base == "pyring" and algo not in ("", "ring", "direct", "tree"):
+                continue  # a copy-mode or stream-count variant, not a distinct algorithm
+            if base == "pyring" and not algo:
+                algo = "direct" if e["bytes"] <= MEASURED_AUTO_DIRECT_MAX else "ring"
+            link = LINK_OF_LIB.get(base, doc.get("transport") or "shm")
+            pts.append({"cls": f"{base}-{link}", "world": doc["world"], "size": e["bytes"],
+                        "t": us * 1e-6, "algo": algo or "ring", "file": name,
+                        "started": "", "oversub": doc["world"] > cores})
     return pts
 
 
@@ -339,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{v['comm_pred_s'] * 1e3:.2f} ms predicted, "
                   f"{(v['comm_meas_s'] or 0) * 1e3:.2f} ms measured alone)")
     host_paths = (args.hosts if args.hosts is not None
-                  else sorted(glob.glob(str(RESULTS / "hosts_*.json"))))
+                  else sorted(glob.glob(str(RESULTS / "hosts_*.json"))
+                              + glob.glob(str(RESULTS / "allreduce_*.json"))))
     shm = fits.get("pyring-shm", {}).get("params")
     host_fits = tm.fit_hosts(tm.load_hosts(host_paths), shm) if shm and host_paths else {}
     if host_paths and not shm:

@@ -121,7 +121,7 @@ def main() -> None:
            "bucket_mb": args.bucket_mb}
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
     with EmulatedHosts(hosts=2, rate=args.rate) as hosts:
-        ranks = hosts.run(1, argv, timeout=1800, env={"PYTHONPATH": str(ROOT)})
+        ranks = hosts.run(1, argv, timeout=1800)
         link = hosts.link
     summary = {}
     for name in cfg["hooks"]:

@@ -1,0 +1,122 @@
+"""Every benchmark script runs, at tiny sizes, from a copy of bench/ against the pyring that
+the tests import (an installed build in CI): so that none breaks unseen, and so that the
+documented commands work after the documented install (no PYTHONPATH into the source tree).
+
+Covered elsewhere: training.py (tests/test_training_harness.py) and soak.py
+(tests/test_soak.py). Not run here: callpath.py, which builds each git ref and runs a rank
+under callgrind (minutes, not seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyring import _emulate
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS_OK, HOSTS_WHY = _emulate.available(shaping=True)
+needs_hosts = pytest.mark.skipif(not HOSTS_OK, reason=f"no emulated hosts: {HOSTS_WHY}")
+
+CASES = {
+    "allreduce": ["allreduce.py", "--sizes", "4K,64K", "--blocks", "2", "--iters", "5",
+                  "--warmup", "1", "--libs", "pyring,gloo,memcpy,tcp", "--algos", "ring",
+                  "--tag", "smoke"],
+    "allreduce_out_of_place": ["allreduce.py", "--sizes", "4K", "--blocks", "1", "--iters", "3",
+                               "--warmup", "1", "--libs", "pyring,gloo", "--out-of-place",
+                               "--tag", "smoke"],
+    "convergence": ["convergence.py", "--task", "digits", "--seeds", "1", "--steps", "4",
+                    "--methods", "adamw_onebit,onebit_adam", "--out", "{out}/convergence.json"],
+    "p2p": ["p2p.py", "--rounds", "1", "--pingpong-iters", "3", "--a2a-iters", "2",
+            "--out", "{out}/p2p.json"],
+    "costmodel": ["costmodel.py", "--fit", str(ROOT / "bench/results/allreduce_vm_w2_shm.json"),
+                  "--scaling", "--hosts", "--tag", "smoke"],
+    "staging": ["staging.py", "--bytes", "256K", "--rounds", "1", "--iters", "1", "--tag",
+                "smoke"],
+    "wire_speed": ["wire_speed.py", "--where", "shm", "--bytes", "256K", "--rounds", "1",
+                   "--tag", "smoke"],
+    "affinity": ["affinity.py", "--runs", "1", "--iters", "20", "--train-rounds", "0",
+                 "--out", "{out}/affinity.json"],
+    "busy": ["busy.py", "--load", "membw", "--seconds", "0.5"],
+    "machine": ["machine.py"],
+    "tcp_streams": ["tcp_streams.py", "--bytes", "1M", "--rounds", "2", "--tag", "smoke"],
+}
+HOST_CASES = {
+    "allreduce_hosts": ["allreduce.py", "--hosts", "2x1", "--rate", "1gbit", "--sizes", "64K",
+                        "--blocks", "1", "--iters", "3", "--warmup", "1", "--libs",
+                        "pyring,gloo", "--algos", "tree", "--tag", "smoke"],
+    "slowlink": ["slowlink.py", "--task", "digits", "--steps", "4", "--rate", "100mbit",
+                 "--out", "{out}/slowlink.json"],
+    "overlap": ["overlap.py", "--rounds", "1", "--dim", "32", "--layers", "1", "--seq", "16",
+                "--batch", "2", "--hooks", "bf16", "--tag", "smoke"],
+}
+
+
+@pytest.fixture(scope="module")
+def bench_copy(tmp_path_factory) -> Path:
+    """bench/'s scripts and C sources, with an empty results folder, outside the source tree."""
+    dst = tmp_path_factory.mktemp("tree") / "bench"
+    shutil.copytree(ROOT / "bench", dst, ignore=shutil.ignore_patterns(
+        "results", "env", "__pycache__"))
+    (dst / "results").mkdir()
+    return dst
+
+
+def _run(bench: Path, argv: list[str], out: Path, timeout: float) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if not _installed():
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # a source-tree run of the suite
+    cmd = [sys.executable, str(bench / argv[0]), *(a.format(out=out) for a in argv[1:])]
+    proc = subprocess.run(cmd, cwd=bench.parent, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(argv)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _installed() -> bool:
+    import pyring
+
+    return not Path(pyring.__file__).resolve().is_relative_to(ROOT)
+
+
+def _results(bench: Path, out: Path) -> list[Path]:
+    return sorted([*bench.joinpath("results").glob("*.json"), *out.glob("*.json")])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_benchmark_runs(name, bench_copy, tmp_path):
+    before = set(_results(bench_copy, tmp_path))
+    _run(bench_copy, CASES[name], tmp_path, timeout=240)
+    written = [p for p in _results(bench_copy, tmp_path) if p not in before]
+    if name not in ("busy", "machine"):
+        assert written, f"{name} wrote no JSON"
+        for p in written:
+            doc = json.loads(p.read_text())
+            assert doc, p
+            p.unlink()
+
+
+@needs_hosts
+@pytest.mark.parametrize("name", sorted(HOST_CASES))
+def test_benchmark_runs_on_emulated_hosts(name, bench_copy, tmp_path):
+    before = set(_results(bench_copy, tmp_path))
+    _run(bench_copy, HOST_CASES[name], tmp_path, timeout=300)
+    written = [p for p in _results(bench_copy, tmp_path) if p not in before]
+    assert written, f"{name} wrote no JSON"
+    for p in written:
+        p.unlink()
+
+
+def test_the_harness_says_what_it_skips(bench_copy, tmp_path):
+    out = _run(bench_copy, ["allreduce.py", "--sizes", "4K", "--blocks", "1", "--iters", "3",
+                            "--warmup", "1", "--libs", "pyring,gloo,oneccl", "--tag", "smoke"],
+               tmp_path, timeout=120)
+    assert "# oneccl skipped:" in out and "install.sh" in out
+    for p in bench_copy.joinpath("results").glob("*.json"):
+        p.unlink()
