@@ -25,17 +25,14 @@ each with the final validation loss within the baseline's spread over seeds. Dra
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
-import torch.multiprocessing as mp
 from _tasks import TASKS  # noqa: E402
 from machine import describe  # noqa: E402
 from torch import nn
@@ -102,26 +99,14 @@ def _run(method: str, seed: int, rank: int, world: int, comm, args) -> dict:
             "val_loss": curve[-1][2], "accuracy": curve[-1][3]}
 
 
-def _worker(rank: int, world: int, port: int, methods: list[str], seeds: list[int], args,
-            q) -> None:
-    import torch.distributed as dist
-
+def _worker(rank: int, world: int, store, methods: list[str], seeds: list[int], args):
     import pyring
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
-                          timeout=datetime.timedelta(seconds=120))
     comm = pyring.init(rank=rank, world_size=world, store=store)
     rows = {m: [_run(m, s, rank, world, comm, args) for s in seeds] for m in methods}
-    if rank == 0:
-        q.put(rows)
     comm.close()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return rows if rank == 0 else None
 
 
 def _plot(summary: dict, rows: dict, path: str) -> None:
@@ -141,23 +126,6 @@ def _plot(summary: dict, rows: dict, path: str) -> None:
     a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def _results(q, procs, deadline: float) -> dict:
-    """Rank 0's rows; raises as soon as a rank dies without them (an error in a worker)."""
-    import queue
-
-    while True:
-        try:
-            return q.get(timeout=1.0)
-        except queue.Empty:
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                for p in procs:
-                    p.kill()
-                codes = [p.exitcode for p in procs]
-                why = f"a rank failed (exit codes {codes})" if dead else "timed out"
-                raise SystemExit(f"convergence: {why}") from None
 
 
 def add_optimizer_args(ap: argparse.ArgumentParser) -> None:
@@ -199,17 +167,10 @@ def main() -> None:
         if unknown:
             ap.error(f"--methods: unknown {','.join(unknown)} (valid: {','.join(methods)})")
         methods = ["adamw_fp32"] + [m for m in args.methods.split(",") if m != "adamw_fp32"]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port, world = _port(), 2
-    procs = [ctx.Process(target=_worker, args=(r, world, port, methods,
-                                                list(range(args.seeds)), args, q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    rows = _results(q, procs, deadline=time.monotonic() + 3600)
-    for p in procs:
-        p.join(60)
+    from pyring.launch import run_ranks
+
+    world = 2
+    rows = run_ranks(world, _worker, methods, list(range(args.seeds)), args, timeout=3600)[0]
     base = rows["adamw_fp32"]
     lo, hi = min(r["val_loss"] for r in base), max(r["val_loss"] for r in base)
     base_bytes = statistics.mean(r["bytes"] for r in base)

@@ -19,17 +19,15 @@ faster than gloo; all_to_all_single at least as fast as gloo (medians over round
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from machine import describe  # noqa: E402
 
 PINGPONG_BYTES = 4096
@@ -37,12 +35,6 @@ PINGPONG_BYTES = 4096
 # shared VM or of Python (a full garbage collection) does not stand for the typical call.
 PINGPONG_CHUNK = 100
 A2A_PAIR_BYTES = 1 << 20
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pingpong(rank: int, iters: int, api: str) -> float:
@@ -135,19 +127,13 @@ def _a2a(rank: int, world: int, iters: int) -> float:
     return took
 
 
-def _worker(rank: int, world: int, port: int, backend: str, what: str, iters: int,
-            q: mp.Queue) -> None:
+def _worker(rank: int, world: int, store, backend: str, what: str, iters: int) -> Any:
     import pyring  # noqa: F401  registers the backend
 
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0,
-                          timeout=datetime.timedelta(seconds=120))
     if backend == "null":
         _register_null()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)
-        took = _null_calls(rank, iters)
-        if rank == 0:
-            q.put(took)
-        return
+        return _null_calls(rank, iters)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     if what == "pingpong":
         apis = ("dist", "comm") if backend == "pyring" else ("dist",)
@@ -157,27 +143,15 @@ def _worker(rank: int, world: int, port: int, backend: str, what: str, iters: in
     # The slowest rank's time is the job's.
     t = torch.tensor(r, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        q.put(t.tolist())
     dist.destroy_process_group()
+    return t.tolist()
 
 
-def run_job(backend: str, what: str, world: int, iters: int) -> list[float]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, what, iters, q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        value = q.get(timeout=300)
-    finally:
-        for p in procs:
-            p.join(60)
-    if any(p.exitcode for p in procs):
-        raise RuntimeError(f"{backend} {what}: a rank exited with {[p.exitcode for p in procs]}")
-    return value
+def run_job(backend: str, what: str, world: int, iters: int) -> Any:
+    """Rank 0's figures of one job (pyring.launch's ranks; a failed rank raises RankFailure)."""
+    from pyring.launch import run_ranks
+
+    return run_ranks(world, _worker, backend, what, iters, timeout=300)[0]
 
 
 def main() -> None:
