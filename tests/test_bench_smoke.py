@@ -2,8 +2,9 @@
 the tests import (an installed build in CI): so that none breaks unseen, and so that the
 documented commands work after the documented install (no PYTHONPATH into the source tree).
 
-Covered elsewhere: training.py (tests/test_training_harness.py) and soak.py
-(tests/test_soak.py). Not run here: callpath.py, which builds each git ref and runs a rank
+Covered elsewhere: training.py (tests/test_training_harness.py), soak.py (tests/test_soak.py)
+and leaks.py (tests/test_leaks.py). The test extra carries the benchmarks' own needs
+(scikit-learn for the digits task, matplotlib for the plots). Not run here: callpath.py, which builds each git ref and runs a rank
 under callgrind (minutes, not seconds).
 """
 
