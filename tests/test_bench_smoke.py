@@ -4,8 +4,8 @@ documented commands work after the documented install (no PYTHONPATH into the so
 
 Covered elsewhere: training.py (tests/test_training_harness.py), soak.py (tests/test_soak.py)
 and leaks.py (tests/test_leaks.py). The test extra carries the benchmarks' own needs
-(scikit-learn for the digits task, matplotlib for the plots). Not run here: callpath.py, which builds each git ref and runs a rank
-under callgrind (minutes, not seconds).
+(scikit-learn for the digits task, matplotlib for the plots). Not run here: callpath.py,
+which builds each git ref and runs a rank under callgrind (minutes, not seconds).
 """
 
 from __future__ import annotations
