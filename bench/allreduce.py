@@ -378,6 +378,7 @@ def main() -> int:
                "transport": args.transport or ("auto" if args.hosts else "shm"),
                "hosts": args.hosts or None, "rate": args.rate if args.hosts else None,
                "link": args.link, "flow_cap_MBps": args.flow_cap, "libs": args.libs,
+               "out_of_place": args.out_of_place,
                "load": load.describe(),
                "memcpy_GBps": {"quiet": quiet_memcpy, "under_load": loaded_memcpy},
                "rounds": args.blocks, "sizes": runs[-1], "runs": runs,

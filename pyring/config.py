@@ -10,13 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _C, _settings
-from ._settings import (  # noqa: F401  (the names config has always offered)
+from ._settings import (  # noqa: F401  (ALGOS, SHM_COPIES, parse_bytes: config's names)
     ALGOS,
-    DEBUG_LEVELS,
     DEFAULT_DEVICE_SEGMENT_BYTES,
-    MAX_SOCKET_NSTREAMS,
     SHM_COPIES,
-    TRANSPORTS,
     parse_bytes,
 )
 

@@ -2,8 +2,9 @@
 of local ranks (the main job, the multi-process tests, bench/ and the self-check).
 
 ``run_ranks(world, fn, *args)`` starts ``world`` spawned processes, each calling
-``fn(rank, world, store, *args)``, and returns their results in rank order. A rank that raises
-fails the test with its traceback; ranks still running at ``timeout`` are killed and reported.
+``fn(rank, world, store, *args)``, and returns their results in rank order. A rank that raises,
+dies or is still running at ``timeout`` (every rank is then killed) makes it raise RankFailure
+with each such rank's error and traceback.
 A rank dies with the process that started it. By default the store is a TCPStore hosted here;
 ``store=(host, port, prefix)`` joins an existing one (torchrun's) under a key prefix instead,
 and ``ranks`` starts only some of the world's ranks here.

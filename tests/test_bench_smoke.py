@@ -70,9 +70,9 @@ def bench_copy(tmp_path_factory) -> Path:
 
 
 def _run(bench: Path, argv: list[str], out: Path, timeout: float) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if not _installed():
-        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # a source-tree run of the suite
+    env = dict(os.environ)
+    if _installed():  # as after the documented install; a source-tree run keeps its path
+        env.pop("PYTHONPATH", None)
     cmd = [sys.executable, str(bench / argv[0]), *(a.format(out=out) for a in argv[1:])]
     proc = subprocess.run(cmd, cwd=bench.parent, env=env, capture_output=True, text=True,
                           timeout=timeout)

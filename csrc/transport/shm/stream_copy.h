@@ -31,7 +31,7 @@ const char* shm_copy_name(ShmCopy c);
 // Smaller copies from kStreamBytes up (whole mid-size messages) stream. Timed alone they
 // cannot tell, because the reader's cost is what differs. On the development machine,
 // interleaved 2-rank allreduces (bench/results/interleaved_midstream_{quiet,membw}_vm.json):
-// - cores near: streaming cost 11-17% at 8-16 KiB and nothing measurable from 64 KiB;
+// - cores near: streaming cost 5-67% at 8 KiB, 10-20% at 16 KiB, nothing measurable at 64 KiB;
 // - under the membw load (cores far): streaming was 1.7x (8 KiB) to 3.4x (64 KiB) faster.
 // Copies from kMinBytes to kStreamBytes take the timed copies' last choice (memcpy before
 // there is one). Copies below kMinBytes, and every copy off x86-64, use memcpy.
