@@ -7,6 +7,9 @@ from typing import Any
 
 from .errors import CommTimeout
 
+# Longest is_completed() waits for a work whose device results are in place to be marked.
+_MARK_WAIT_S = 10.0
+
 
 class Work:
     """One queued collective.
@@ -75,9 +78,17 @@ class Work:
 
     def is_completed(self) -> bool:
         """Done, with the results in place (on the device, for device buffers)."""
+        if self._ticket is not None:
+            if not self._ticket.done():
+                return False
+            # The device's done flag is raised once the host part has ended (after its copies
+            # back, or after a failure); the thread that ran it marks the work an instant
+            # later, so a caller whose stream has passed the flag sees a completed work.
+            try:
+                self._work.wait(_MARK_WAIT_S)
+            except Exception:  # failed: is_completed() is True, wait() raises the error
+                pass
         if not self._work.is_completed():
-            return False
-        if self._ticket is not None and not self._ticket.done():
             return False
         if self._finish is not None:
             try:

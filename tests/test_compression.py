@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import pyring
-from pyring.compression import received_bytes
 from pyring.launch import run_ranks
 from pyring.optim import OneBitAdam
+from pyring.testing.counting import received_since_reset, reset_counts
 
 N = 300_001  # uneven chunks on 3 ranks
 ONEBIT_CALLS = 40
@@ -22,38 +22,30 @@ def _inputs(rank: int) -> torch.Tensor:
     return x
 
 
-def _reset(comm) -> None:
-    """Zeroes the counters once no rank can still send this rank bytes of an earlier call, and
-    before any sends bytes of the next: a compressed call sends its first segments at once."""
-    comm.barrier()
-    comm.reset_stats()
-    comm.barrier()
-
-
 def _wires(rank, world, store):
     comm = pyring.init(rank=rank, world_size=world, store=store)
     want = sum(_inputs(r) for r in range(world)) / world
     out = {}
     for wire in ("fp32", "bf16", "fp16"):
         t = _inputs(rank)
-        _reset(comm)
+        reset_counts(comm)
         comm.all_reduce(t, op="avg", wire=wire)
-        out[wire] = (t.numpy(), received_bytes(comm.stats()), float((t - want).abs().max()))
+        out[wire] = (t.numpy(), received_since_reset(comm), float((t - want).abs().max()))
     # One-bit with error feedback: the same inputs exchanged T times; what the residuals keep
     # comes back, so the running mean of the outputs approaches the true average.
     state, total = pyring.OneBitState(), torch.zeros(N)
-    _reset(comm)
+    reset_counts(comm)
     for _ in range(ONEBIT_CALLS):
         t = _inputs(rank)
         comm.all_reduce(t, op="avg", wire="onebit", state=state)
         total += t
-    bytes_per_call = received_bytes(comm.stats()) / ONEBIT_CALLS
+    bytes_per_call = received_since_reset(comm) / ONEBIT_CALLS
     first = _inputs(rank)
     comm.all_reduce(first, op="sum", wire="onebit", state=pyring.OneBitState())
     err = lambda a: float((a - want).norm() / want.norm())  # noqa: E731
-    _reset(comm)
+    reset_counts(comm)
     comm.all_reduce(torch.randn(N) + 0.5, op="avg", wire="onebit", state=pyring.OneBitState())
-    no_zeros = received_bytes(comm.stats())
+    no_zeros = received_since_reset(comm)
     out["onebit"] = (t.numpy(), bytes_per_call, err(total / ONEBIT_CALLS), err(first / world),
                      no_zeros)
     # A non-contiguous bfloat16 tensor is reduced in place.
@@ -139,14 +131,14 @@ def _onebit_adam_resume(rank, world, store):
     _train(model2, opt2, rank, range(6, 14))
     resumed = [p.detach().numpy().copy() for p in model2.parameters()]
     # Bytes: a warm-up step is the float32 allreduce; a frozen one is one-bit.
-    comm.reset_stats()
+    reset_counts(comm)
     _train(model2, opt2, rank, range(14, 15))
-    frozen = received_bytes(comm.stats())
+    frozen = received_since_reset(comm)
     model3 = _model()
     opt3 = OneBitAdam(model3.parameters(), **kw)
-    comm.reset_stats()
+    reset_counts(comm)
     _train(model3, opt3, rank, range(1))
-    warm = received_bytes(comm.stats())
+    warm = received_since_reset(comm)
     comm.close()
     return straight, resumed, frozen, warm
 

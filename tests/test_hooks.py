@@ -11,8 +11,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pyring
-from pyring.compression import received_bytes
 from pyring.launch import run_ranks
+from pyring.testing.counting import received_since_reset, reset_counts
 
 STEPS = 3
 
@@ -85,20 +85,20 @@ def _compressed(rank, world, store):
     for name in ("fp16", "bf16"):
         ddp = DDP(make_model(), **kw)
         ddp.register_comm_hook(comm, getattr(pyring.hooks, f"{name}_compress_hook"))
-        comm.reset_stats()
+        reset_counts(comm)
         out[name] = train(ddp, rank)
-        out[f"{name}_bytes"] = received_bytes(comm.stats())
+        out[f"{name}_bytes"] = received_since_reset(comm)
     ddp = DDP(make_model(), **kw)
     ddp.register_comm_hook(comm, pyring.hooks.allreduce_hook)
-    comm.reset_stats()
+    reset_counts(comm)
     train(ddp, rank)
-    out["fp32_bytes"] = received_bytes(comm.stats())
+    out["fp32_bytes"] = received_since_reset(comm)
     state = pyring.hooks.OneBitHookState(comm)
     ddp = DDP(make_model(), **kw)
     ddp.register_comm_hook(state, pyring.hooks.onebit_hook)
-    comm.reset_stats()
+    reset_counts(comm)
     out["onebit"] = train(ddp, rank)
-    out["onebit_bytes"] = received_bytes(comm.stats())
+    out["onebit_bytes"] = received_since_reset(comm)
     out["onebit_buckets"] = sorted(state.exchange.states)
     comm.close()
     dist.destroy_process_group()
