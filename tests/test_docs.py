@@ -1,11 +1,14 @@
 """The documentation keeps up with the code: every relative link in the README and docs/
 points at a file that exists, every PYRING_* variable the code reads is a row of the settings
-table, the configuration page carries that table as generated, and the package's __all__ names
+table, the configuration page carries that table as generated, every results table marked as
+generated matches what bench/tables.py renders from its JSON, and the package's __all__ names
 every delegated collective."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyring
@@ -50,6 +53,15 @@ def test_configuration_page_carries_the_generated_tables():
         "python -c 'import pyring._settings as s; s.write_page()'")
     for s in _settings.SETTINGS:
         assert f"`{s.variable}`" in page
+
+
+def test_results_tables_match_their_files():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (
+        f"{out.stderr}renew them with python bench/tables.py")
+    pages = "".join(page.read_text() for page in _pages())
+    assert pages.count("<!-- table: ") >= 20  # the check itself still finds the tables
 
 
 def test_a_malformed_variable_is_an_error_naming_it():
