@@ -9,7 +9,7 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, _affinity, _device_links, _settings, pci, rendezvous, topology
+from . import _C, _affinity, _device_links, _hang, _settings, pci, rendezvous, topology
 from ._devices import device_name_of
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
@@ -174,6 +174,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
                         local_world_size=local_world, store=store, transports=transports,
                         topology=topo, detail=cfg.debug == "DETAIL")
     comm.rendezvous_dropped = dropped
+    _hang.watch(store, core, rank, world, cfg.timeout_s)
     return comm
 
 

@@ -7,7 +7,7 @@ import functools
 import weakref
 from typing import Any
 
-from . import _desync
+from . import _desync, _hang
 from ._buffers import check_same_dtype, fast_call_args, overlaps, view_of
 from ._devices import common_device, current_stream
 from ._p2p import PointToPoint
@@ -345,6 +345,7 @@ class Communicator(PointToPoint):
         links. Idempotent."""
         if not self._closed:
             self._closed = True
+            _hang.unwatch(self._c)
             self._c.close()
             self._inflight.clear()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _C
 from .config import Config
+from .errors import Error
 
 _NSLOTS = 8
 
@@ -71,12 +72,82 @@ def find_store(rank: int | None, world_size: int | None, store: Any, timeout_s: 
             f"torchrun (missing environment: {', '.join(missing)})"
         )
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    tcp = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=(rank == 0 and not agent_store),
-        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-    )
+    addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    try:
+        tcp = dist.TCPStore(addr, int(port), world_size, is_master=(rank == 0 and not agent_store),
+                            timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        from .errors import CommError
+
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CommError(f"rank {rank}: could not reach the store at {addr}:{port} "
+                        f"(MASTER_ADDR, MASTER_PORT): {detail}") from None
     return Meeting(rank, world_size, tcp)
+
+
+# What the keys under a rendezvous's prefix carry, for the errors of a failing store.
+_KEY_MEANINGS = (("pyring/inits", "the count of this rank's rendezvous"),
+                 ("job", "the job's key"), ("peer", "the ranks' endpoints"),
+                 ("created", "the barrier after creating shared memory"),
+                 ("connected", "the barrier after connecting the links"),
+                 ("device", "the ranks' device endpoints"), ("hang", "the hang account"))
+
+
+def store_address(store: Any) -> str:
+    """'TCPStore at host:port' (what a failing store is called in errors), else its type."""
+    base = getattr(store, "_underlying_non_prefix_store", store)
+    host, port = getattr(base, "host", None), getattr(base, "port", None)
+    name = type(base).__name__
+    return f"{name} at {host}:{port}" if host is not None and port is not None else name
+
+
+def _is_timeout(e: BaseException) -> bool:
+    import torch.distributed as dist
+
+    return isinstance(e, getattr(dist, "DistStoreError", ())) or "timeout" in str(e).lower()
+
+
+class Guarded:
+    """A store whose failures (a dead or unreachable store: anything but a wait's timeout)
+    raise CommError naming the store's address, the rank and what the keys carry. Timeouts
+    pass through for the caller to explain."""
+
+    def __init__(self, store: Any, rank: int) -> None:
+        self.inner = store
+        self.rank = rank
+        self.address = store_address(store)
+
+    def _call(self, op: str, keys: list[str], *args: Any) -> Any:
+        from .errors import CommError
+
+        try:
+            return getattr(self.inner, op)(*args)
+        except Exception as e:
+            if op == "wait" and _is_timeout(e):
+                raise
+            key = keys[0] if keys else ""
+            what = next((m for k, m in _KEY_MEANINGS if key.startswith(k)), f"key {key!r}")
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CommError(f"rank {self.rank}: the store ({self.address}) failed in {op} of "
+                            f"{what}: {detail}") from None
+
+    def set(self, key: str, value: Any) -> None:
+        self._call("set", [key], key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", [key], key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self._call("add", [key], key, amount)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._call("check", keys, keys)
+
+    def wait(self, keys: list[str], *timeout: Any) -> None:
+        self._call("wait", keys, keys, *timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def host_key() -> str:
@@ -134,6 +205,8 @@ def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s:
     keys = [f"{name}/{r}" for r in ranks]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Error:
+        raise
     except Exception as e:  # torch raises DistStoreError / RuntimeError on timeout
         missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
         raise CommTimeout(
@@ -148,6 +221,8 @@ def job_key(store: Any, rank: int, timeout_s: float) -> bytes:
 
     try:
         store.wait(["job"], datetime.timedelta(seconds=timeout_s))
+    except Error:
+        raise
     except Exception as e:  # torch raises DistStoreError / RuntimeError on timeout
         raise CommTimeout(f"Timed out: init on rank {rank}: rank 0 did not join within "
                           f"{timeout_s:g} s ({e})") from None
@@ -163,6 +238,8 @@ def exchange(store: Any, rank: int, world: int, info: Any, timeout_s: float,
     keys = [f"{key}/{r}" for r in range(world)]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Error:
+        raise
     except Exception as e:
         missing = [r for r, k in zip(range(world), keys) if not store.check([k])]
         raise CommTimeout(
@@ -178,8 +255,8 @@ def prefixed(store: Any, rank: int) -> Any:
     met elsewhere different numbers of times)."""
     import torch.distributed as dist
 
-    n = store.add(f"pyring/inits/{rank}", 1)
-    return dist.PrefixStore(f"pyring/{n}", store)
+    n = Guarded(store, rank).add(f"pyring/inits/{rank}", 1)
+    return Guarded(dist.PrefixStore(f"pyring/{n}", store), rank)
 
 
 def shm_name(job: str, rank: int, channel: str = "") -> str:

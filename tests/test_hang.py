@@ -1,5 +1,6 @@
 """A collective that waits past half its deadline warns once, at WARN, on the waiting rank,
-naming the collective, its sequence number and what it still waits for."""
+naming the collective, its sequence number and what it still waits for; at the deadline every
+rank's error says which rank never entered it and what that rank last completed."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import os
 import tempfile
 import time
 
+import pytest
 import torch
 
 import pyring
 from pyring.launch import run_ranks
+from pyring.testing.faults import check_stuck_rank, stuck_rank
 
 
 def _late_peer(rank, world, store):
@@ -35,3 +38,10 @@ def test_warning_at_half_the_deadline():
     assert warnings[0].startswith("[pyring WARN] all_reduce") and "(#2) on rank 0/2" in err0
     assert "rank 1" in warnings[0], warnings[0]  # what it waits for
     assert "half of the deadline" not in err1, err1
+
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_hang_account_names_the_rank_that_never_entered(transport):
+    results = run_ranks(4, stuck_rank, transport, 3.0, 5.0, timeout=120)
+    assert check_stuck_rank(results, 3.0, 3.0) == []

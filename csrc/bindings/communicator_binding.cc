@@ -32,6 +32,39 @@ Algo call_algo(Communicator& c, int algo) {
   return algo < 0 ? c.options().algo : algo_from_int(algo);
 }
 
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+// Owns a Python callable held by the core, which may drop it on a thread without the GIL; at
+// interpreter exit the reference is left.
+struct PyCallable {
+  explicit PyCallable(py::function f) : fn(f.release().ptr()) {}
+  ~PyCallable() {
+    if (python_finalizing()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(fn);
+  }
+  PyObject* fn;
+};
+
+Communicator::HangAccount hang_account_from(py::function f) {
+  auto held = std::make_shared<PyCallable>(std::move(f));
+  return [held](uint64_t seq, const std::string& what) -> std::string {
+    if (python_finalizing()) return "";
+    py::gil_scoped_acquire gil;
+    try {
+      return py::cast<std::string>(py::handle(held->fn)(seq, what));
+    } catch (const std::exception&) {  // an account that fails leaves the message as it was
+      return "";
+    }
+  };
+}
+
 }  // namespace
 
 CollectiveDesc desc_of(const char* name, const BufferView& v, int op, int root) {
@@ -197,6 +230,15 @@ void register_communicator(py::module_& m) {
           },
           "The flight recorder: this rank's last collectives, oldest first.")
       .def_property_readonly("ring_order", &Communicator::ring_order)
+      .def_property_readonly("entered_seq", &Communicator::entered_seq,
+                             "The sequence number of the last collective entered (0: none).")
+      .def_property_readonly("completed_seq", &Communicator::completed_seq,
+                             "The sequence number of the last collective completed (0: none).")
+      .def(
+          "set_hang_account",
+          [](Communicator& c, py::function f) { c.set_hang_account(hang_account_from(f)); },
+          "fn(seq, description) -> str, called when a collective times out (before any "
+          "collective runs).")
       .def("close",
            [](Communicator& c) {
              py::gil_scoped_release nogil;

@@ -186,6 +186,7 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
                  "communicator is unusable after an earlier failure: ", broken_);
   }
   ++seq_;
+  entered_seq_.store(seq_, std::memory_order_relaxed);
   recorder_.begin(seq_, desc);
   const std::string what = str_cat(desc.str(), " (#", seq_, ") on rank ", rank_, "/", size_);
   bool warned = false;
@@ -206,6 +207,15 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
     CommError relayed(e.gave_up() ? because : str_cat(e.what(), "; ", because));
     give_up(relayed, prefix());
     throw CommError(prefix() + relayed.what());
+  } catch (const TimeoutError& e) {
+    std::string account = hang_account_ ? hang_account_(seq_, desc.str()) : std::string();
+    if (account.empty()) {
+      give_up(e, prefix());
+      rethrow_with_prefix(prefix());
+    }
+    TimeoutError accounted(str_cat(e.what(), "; ", account));
+    give_up(accounted, prefix());
+    throw TimeoutError(prefix() + accounted.what());
   } catch (const CommError& e) {
     give_up(e, prefix());
     rethrow_with_prefix(prefix());
@@ -213,6 +223,7 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
     failed(false, prefix() + e.what());
     rethrow_with_prefix(prefix());
   }
+  completed_seq_.store(seq_, std::memory_order_relaxed);
   recorder_.end(FlightEntry::kCompleted);
 }
 

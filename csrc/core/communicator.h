@@ -139,6 +139,17 @@ class Communicator {
   bool broken() const { return !broken_.empty(); }
   // The sequence number of the collective running now (1 for the first).
   uint64_t seq() const { return seq_; }
+  // Where this rank stands, readable from any thread: the sequence numbers of the last
+  // collective it entered and of the last one it completed (0: none).
+  uint64_t entered_seq() const { return entered_seq_.load(std::memory_order_relaxed); }
+  uint64_t completed_seq() const { return completed_seq_.load(std::memory_order_relaxed); }
+
+  // Called on the thread running a collective that timed out, before the communicator gives
+  // up, with the collective's sequence number and description: returns an account of where
+  // every rank stands, appended to the timeout's message (and to the cause the peers learn);
+  // "" adds nothing. It must return within a bounded time and not throw.
+  using HangAccount = std::function<std::string(uint64_t seq, const std::string& what)>;
+  void set_hang_account(HangAccount fn) { hang_account_ = std::move(fn); }
 
   CallCounters& calls() { return calls_; }
   // Counts a call of `algo` and notes it in the flight recorder. Called by the selector.
@@ -180,6 +191,9 @@ class Communicator {
   Device resident_device_;  // cpu: no device links
   std::vector<uint8_t> scratch_;
   uint64_t seq_ = 0;  // written only by the running collective
+  std::atomic<uint64_t> entered_seq_{0};
+  std::atomic<uint64_t> completed_seq_{0};
+  HangAccount hang_account_;  // set at init, before any collective
   std::atomic<size_t> single_copy_bytes_{kDefaultSingleCopyBytes};
   std::atomic<uint64_t> single_copy_read_{0};
   std::vector<uint8_t> single_copy_failed_;  // by peer; written only by the running collective
