@@ -1,19 +1,25 @@
 #!/usr/bin/env python
-"""Faults that real clusters have, in repeated trials: a rank that never arrives (hang) and a
-store that dies (store), each checked for an error that names its cause on every rank.
+"""Faults that real clusters have, in repeated trials: a rank that never arrives (hang), a
+store that dies (store) and a silent network partition (partition), each checked for an error
+that names its cause on every rank.
 
-    python bench/faults.py                                   # both, 20 hang and 10 store trials
+    python bench/faults.py                  # all: 20 hang trials per transport, 10 store trials
+                                            # per phase, 20 partition trials at 2x2
     python bench/faults.py --fault hang --trials 5 --transports tcp
 
 hang: 4 ranks (pyring.launch) run all_reduce #1 and #2 (4 MiB) together; rank 3 then sleeps
 --sleep seconds in user code before #3 while the others wait out --timeout. Every rank must
 name rank 3 as never having entered all_reduce #3 with #2 its last completed collective, and no
 other rank; the waiting ranks must raise CommTimeout within the deadline + the account's wait
-(pyring/_hang.py: 2 x poll + 1.5 s) and warn at half the deadline (stderr).
+(pyring/_hang.py: account_wait, at most 1.75 s) and warn at half the deadline (stderr).
 store: 3 ranks use a TCPStore hosted by a process of its own, which is SIGKILLed while the
 others are inside pyring.init (phase init) or inside torch's new_group on the pyring backend
 (phase new_group). Every rank must raise CommError naming the store's address within the
 deadline.
+partition (needs root, ip, unshare, tc): 2 emulated hosts of 2 ranks over 1 Gbit
+(pyring.testing.partition); every packet between them is dropped in the middle of a loop of
+64 MiB allreduces. Every rank must raise within the deadline + 2 s, naming a rank of the other
+host and its address, and exit.
 Writes bench/results/faults_<tag>.json with the machine's description and every trial's
 messages; exits 1 when a trial misses its target.
 """
@@ -28,7 +34,7 @@ from pathlib import Path
 
 from machine import describe
 
-from pyring import _hang
+from pyring import _emulate, _hang
 from pyring.launch import RankFailure, run_ranks
 from pyring.testing.faults import (
     DoomedStore,
@@ -37,6 +43,7 @@ from pyring.testing.faults import (
     store_dies,
     stuck_rank,
 )
+from pyring.testing.partition import check_partition, run_partition
 
 BENCH = Path(__file__).resolve().parent
 
@@ -45,14 +52,14 @@ def _trial(fn, check) -> dict:
     start = time.monotonic()
     try:
         results, bad = check(fn())
-    except RankFailure as e:
+    except (RankFailure, _emulate.RankFailure) as e:
         results, bad = None, [f"a rank failed outside the scenario: {e}"[:2000]]
     return {"ok": not bad, "problems": bad, "seconds": round(time.monotonic() - start, 2),
             "results": results}
 
 
 def hang_trials(args, transport: str) -> list[dict]:
-    slack = 2 * _hang.poll_interval(args.timeout) + 1.5
+    slack = _hang.account_wait(args.timeout)
 
     def check(results):
         return ([{"error": r["error"]} for r in results],
@@ -76,11 +83,21 @@ def store_trials(args, phase: str) -> list[dict]:
     return out
 
 
+def partition_trials(args) -> list[dict]:
+    def check(got):
+        results, addresses = got
+        return results, check_partition(results, addresses, 2, args.timeout, 2.0)
+
+    return [_trial(lambda: run_partition(2, 2, args.timeout), check)
+            for _ in range(args.partition_trials)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fault", choices=("hang", "store", "all"), default="all")
+    ap.add_argument("--fault", choices=("hang", "store", "partition", "all"), default="all")
     ap.add_argument("--trials", type=int, default=20, help="hang trials per transport")
     ap.add_argument("--store-trials", type=int, default=10, help="store trials per phase")
+    ap.add_argument("--partition-trials", type=int, default=20)
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--timeout", type=float, default=3.0, help="pyring's deadline, seconds")
     ap.add_argument("--sleep", type=float, default=5.0, help="the stuck rank's sleep, seconds")
@@ -101,6 +118,14 @@ def main() -> int:
             print(f"store death during {phase}: "
                   f"{sum(c['ok'] for c in cases[f'store_{phase}'])} of {args.store_trials} "
                   "trials met the target", flush=True)
+    if args.fault in ("partition", "all"):
+        ok, why = _emulate.available(shaping=True)
+        if not ok:
+            print(f"partition: skipped ({why})")
+        else:
+            cases["partition"] = partition_trials(args)
+            print(f"partition at 2x2: {sum(c['ok'] for c in cases['partition'])} of "
+                  f"{args.partition_trials} trials met the target", flush=True)
     for name, trials in cases.items():
         for i, t in enumerate(trials):
             for p in t["problems"]:

@@ -2,9 +2,9 @@
 what each last entered and completed, and the timeout's message says it.
 
 Every communicator of more than one rank is watched by one thread per process, which polls its
-store for a request every ``poll_s`` (a tenth of the timeout, at most 1 s). A rank whose
+store for a request every ``poll_s`` (a tenth of the timeout, at most 0.5 s). A rank whose
 collective #k timed out (on the thread running it, before the communicator gives up) publishes
-where it stands, raises the request, and waits up to ``2 * poll_s + 1`` s for every rank's
+where it stands, raises the request, and waits up to ``2 * poll_s + 0.5`` s for every rank's
 state: ranks waiting in the same collective publish their own when they time out, and the
 watcher of a rank stuck elsewhere (user code, a data loader) publishes it within ``poll_s``.
 The account names every rank that is not at #k, in rank order, so every rank that arrived
@@ -31,7 +31,12 @@ def _state_key(rank: int) -> str:
 
 
 def poll_interval(timeout_s: float) -> float:
-    return min(1.0, max(0.05, timeout_s / 10))
+    return min(0.5, max(0.05, timeout_s / 10))
+
+
+def account_wait(timeout_s: float) -> float:
+    """The longest account() takes: what a timeout may add to the deadline."""
+    return 2 * poll_interval(timeout_s) + 0.75
 
 
 def _describe(entry: dict) -> str:
@@ -60,8 +65,8 @@ def compose(seq: int, what: str, states: dict[int, dict | None], world: int) -> 
     for r in range(world):
         s = states.get(r)
         if s is None:
-            lines.append(f"rank {r} did not answer (dead, or stuck where the interpreter cannot "
-                         "run its watcher)")
+            lines.append(f"rank {r} did not answer (dead, unreachable, or stuck where the "
+                         "interpreter cannot run its watcher)")
         elif s["entered"] < seq:
             done = (f"its last completed collective is #{s['completed']}"
                     + (f" ({s['last']})" if s["last"] else "") if s["completed"]
@@ -94,11 +99,11 @@ def _gather(store: Any, rank: int, world: int, mine: dict, wait_s: float,
 def account(store: Any, core_ref: Any, rank: int, world: int, timeout_s: float, seq: int,
             what: str) -> str:
     """The hook the core calls when collective #seq times out (Communicator.set_hang_account).
-    Returns within 2 * poll_interval + 1.5 s, whatever the store does."""
+    Returns within 2 * poll_interval + 0.75 s (at most 1.75 s), whatever the store does."""
     core = core_ref()
     if core is None:
         return ""
-    wait_s = 2 * poll_interval(timeout_s) + 1.0
+    wait_s = account_wait(timeout_s) - 0.25
     states: dict[int, dict | None] = {}
     errors: list[BaseException] = []
 
@@ -110,9 +115,9 @@ def account(store: Any, core_ref: Any, rank: int, world: int, timeout_s: float, 
 
     t = threading.Thread(target=run, name="pyring-hang-account", daemon=True)
     t.start()
-    t.join(wait_s + 0.5)
+    t.join(wait_s + 0.25)
     if errors or t.is_alive():
-        why = f"failed: {errors[0]}" if errors else f"did not answer within {wait_s + 0.5:.1f} s"
+        why = f"failed: {errors[0]}" if errors else f"did not answer within {wait_s:.1f} s"
         return f"no account of the other ranks: the store {why}"
     return compose(seq, what, dict(states), world)
 

@@ -69,6 +69,7 @@ CommunicatorPtr make_communicator(
                    kMaxTcpStreams, ", got ", tcp_streams);
   setup.tcp_streams = tcp_streams;
   setup.log_level = log_level;
+  setup.timeout_s = timeout_s;
   LinkSetup p2p_setup = setup;
   p2p_setup.own_segment = std::move(p2p_segment);
   p2p_setup.listener = p2p_listener;

@@ -27,8 +27,9 @@ struct LinkSetup {
   std::string secret;
   size_t segment_bytes = 0;
   ShmCopy shm_copy = ShmCopy::kAuto;
-  int tcp_streams = 1;  // connections per tcp link (PYRING_SOCKET_NSTREAMS)
-  int log_level = 0;    // >= 1: report connections dropped during the tcp rendezvous
+  int tcp_streams = 1;   // connections per tcp link (PYRING_SOCKET_NSTREAMS)
+  int log_level = 0;     // >= 1: report connections dropped during the tcp rendezvous
+  double timeout_s = 0;  // the communicator's deadline; tcp ties its liveness checks to it
   // Device transports: the device, the stream their copies are queued on (the device queue's,
   // so that they order with its kernels), what keeps that stream alive, and each transport's
   // prepared state by name (Transport::prepare).

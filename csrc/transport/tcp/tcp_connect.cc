@@ -19,6 +19,32 @@
 
 namespace pyring {
 
+void watch_liveness(int fd, double deadline_s) {
+  if (deadline_s <= 0) return;
+  const double capped = std::min(deadline_s, 3600.0);
+  int one = 1;
+  int idle = std::max(1, static_cast<int>(capped / 2));
+  int interval = std::max(1, static_cast<int>(capped / 8));
+  int probes = 3;
+  unsigned int user_ms = static_cast<unsigned int>(std::max(1000.0, capped * 1000));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
+}
+
+std::string peer_host(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  char buf[INET_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+      addr.sin_family == AF_INET) {
+    inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
 namespace {
 
 sockaddr_in make_addr(const std::string& host, int port) {

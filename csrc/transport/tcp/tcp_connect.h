@@ -51,6 +51,14 @@ constexpr int kHelloTimeoutMs = 5000;
 constexpr int kMaxTcpStreams = 16;
 constexpr size_t kMaxPendingHellos = 256;
 
+// A peer whose packets vanish without a reset (a cut cable, a dead host): data left
+// unacknowledged for `deadline_s` fails the socket with ETIMEDOUT (TCP_USER_TIMEOUT), and an
+// idle connection is probed from deadline_s / 2 on (keepalive), so that a silent partition is
+// found within the deadline even between collectives. deadline_s <= 0 leaves the socket as is.
+void watch_liveness(int fd, double deadline_s);
+// The peer's IPv4 address of a connected socket ("?" when unknown), for errors.
+std::string peer_host(int fd);
+
 // Opens `nstreams` authenticated connections to every peer in `peers`: this rank connects to
 // higher ranks and accepts lower ones (tcp_handshake.h). All handshakes run at once on this
 // thread, each accepted connection with its own hello deadline, so a silent or slow stranger on

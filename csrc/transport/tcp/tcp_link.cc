@@ -9,12 +9,14 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "transport/tcp/tcp_connect.h"
 
 namespace pyring {
 
 TcpLink::TcpLink(int peer, int fd, size_t staging_bytes)
     : Link(peer),
       fd_(fd),
+      host_(peer_host(fd)),
       staging_(std::max<size_t>(kPieceAlign, staging_bytes / kPieceAlign * kPieceAlign)) {}
 
 TcpLink::~TcpLink() {
@@ -134,8 +136,8 @@ std::string TcpLink::pending() const {
   size_t send_left = 0, recv_left = 0;
   for (const auto& s : sends_) send_left += s.bytes - s.done;
   for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
-  return str_cat("tcp link to rank ", peer_, ": ", send_left, " bytes left to send, ", recv_left,
-                 " bytes left to receive");
+  return str_cat("tcp link to rank ", peer_, " at ", host_, ": ", send_left,
+                 " bytes left to send, ", recv_left, " bytes left to receive");
 }
 
 void TcpLink::abort() {

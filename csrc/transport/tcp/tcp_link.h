@@ -2,6 +2,7 @@
 #pragma once
 
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "core/link.h"
@@ -53,6 +54,7 @@ class TcpLink : public Link {
   bool progress_recv();
 
   int fd_;
+  std::string host_;  // the peer's address, for errors
   std::vector<uint8_t> staging_;
   size_t staged_ = 0;
   std::deque<TcpSend> sends_;

@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "core/errors.h"
+#include "transport/tcp/tcp_connect.h"
 
 namespace pyring {
 
@@ -40,6 +41,7 @@ TcpStripedLink::TcpStripedLink(int peer, std::vector<int> fds, size_t staging_by
     : Link(peer), piece_bytes_(std::max(kPieceAlign, align_down(staging_bytes))) {
   streams_.resize(fds.size());
   for (size_t k = 0; k < fds.size(); ++k) streams_[k].fd = fds[k];
+  if (!fds.empty()) host_ = peer_host(fds[0]);
   try {
     PYRING_CHECK_ARG(!fds.empty(), "a striped tcp link needs at least one connection");
     window_.resize(std::max(piece_bytes_, fds.size() * kStripeBytes));
@@ -179,7 +181,7 @@ void TcpStripedLink::arm_writes() {
     const bool want = !s.sends.empty();
     if (want == s.out_armed || s.failed) continue;
     epoll_event ev{};
-    ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+    ev.events = EPOLLIN | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u);
     ev.data.u64 = k;
     PYRING_CHECK_ERRNO(epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, s.fd, &ev) == 0, "epoll_ctl");
     s.out_armed = want;
@@ -213,8 +215,9 @@ std::string TcpStripedLink::pending() const {
     for (const auto& q : s.sends) send_left += q.bytes - q.done;
   }
   for (const auto& r : recvs_) recv_left += r.spec.bytes - r.delivered;
-  return str_cat("tcp link to rank ", peer_, " (", streams_.size(), " connections): ", send_left,
-                 " bytes left to send, ", recv_left, " bytes left to receive");
+  return str_cat("tcp link to rank ", peer_, " at ", host_, " (", streams_.size(),
+                 " connections): ", send_left, " bytes left to send, ", recv_left,
+                 " bytes left to receive");
 }
 
 void TcpStripedLink::abort() {

@@ -14,6 +14,7 @@
 
 #include <deque>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "core/link.h"
@@ -79,6 +80,7 @@ class TcpStripedLink : public Link {
   void arm_writes();
 
   std::vector<Stream> streams_;
+  std::string host_;             // the peer's address, for errors
   std::deque<Recv> recvs_;       // undelivered, in order
   std::vector<uint8_t> window_;  // the front receive's bytes from `delivered`, when staged
   size_t piece_bytes_;

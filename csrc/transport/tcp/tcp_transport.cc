@@ -45,6 +45,7 @@ class TcpTransport final : public Transport {
     auto fds = tcp_establish(setup.rank, *setup.listener, tcp_peers, setup.secret, deadline,
                              setup.log_level, setup.tcp_streams);
     for (auto& [rank, streams] : fds) {
+      for (int fd : streams) watch_liveness(fd, setup.timeout_s);
       auto& link = out.by_rank[static_cast<size_t>(rank)];
       if (streams.size() == 1) {
         link = std::make_unique<TcpLink>(rank, streams[0], setup.segment_bytes);
