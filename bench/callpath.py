@@ -44,6 +44,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+from _build import build  # noqa: E402
 from machine import describe  # noqa: E402
 
 RANK_SCRIPT = """
@@ -86,32 +87,6 @@ FUNCS = {
     "reduce_accumulate": r"pyring::reduce_accumulate\(",
     "widen": r"pyring::widen\(",
 }
-
-
-def build(ref: str, root: Path) -> Path:
-    """Builds `ref` RelWithDebInfo; returns the directory holding its `pyring` package."""
-    sha = subprocess.check_output(["git", "rev-parse", "--short", ref], cwd=ROOT, text=True).strip()
-    out = root / sha
-    pkg = out / "pkg"
-    if list((pkg / "pyring").glob("_C*.so")):
-        return pkg
-    src = out / "src"
-    shutil.rmtree(out, ignore_errors=True)
-    src.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
-    import pybind11
-
-    subprocess.run(["cmake", "-S", str(src), "-B", str(out / "build"),
-                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
-                    f"-DPython_EXECUTABLE={sys.executable}"], check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(out / "build"), f"-j{os.cpu_count()}"], check=True,
-                   capture_output=True)
-    shutil.copytree(src / "pyring", pkg / "pyring")
-    for so in (out / "build").glob("_C*.so"):
-        shutil.copy(so, pkg / "pyring")
-    return pkg
 
 
 def _port() -> int:

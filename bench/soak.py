@@ -29,8 +29,13 @@ from _soak_mix import Mix  # noqa: E402
 from machine import describe  # noqa: E402
 
 import pyring  # noqa: E402
+from pyring.launch import run_ranks  # noqa: E402
 
 CHECK_EVERY = 25  # calls between the ranks' agreement on whether to stop
+# The most a rank's resident memory may grow after the warm-up, in runs of at least
+# RSS_TARGET_MINUTES (shorter runs report the growth without judging it).
+RSS_GROWTH_MIB = 2.0
+RSS_TARGET_MINUTES = 5.0
 
 
 def _store(port: int, world: int, timeout_s: float) -> Any:
@@ -38,13 +43,21 @@ def _store(port: int, world: int, timeout_s: float) -> Any:
                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _soak_rank(rank: int, world: int, port: int, seconds: float, seed: int, topology: str,
-               results: Any) -> None:
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
+               topology: str) -> dict:
     torch.set_num_threads(1)
-    comm = pyring.init(rank, world, _store(port, world, 60), set_default=False, timeout=60,
-                       topology=topology)
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60, topology=topology)
     mix, wrong, errors = Mix(comm, seed), 0, []
     start = time.monotonic()
+    # Resident memory after the warm-up (a tenth of the run, at most a minute), then every
+    # tenth of the run: allocator pools and torch's first calls settle in the warm-up.
+    warmup_s = min(60.0, seconds / 10)
+    rss: list[tuple[float, int]] = []
     while True:
         try:
             wrong += mix.step()
@@ -52,38 +65,29 @@ def _soak_rank(rank: int, world: int, port: int, seconds: float, seed: int, topo
             errors.append(f"call {mix.call}: {type(e).__name__}: {e}"[:500])
             break
         if mix.call % CHECK_EVERY == 0:
-            stop = torch.tensor([float(time.monotonic() - start >= seconds)])
+            now = time.monotonic() - start
+            if now >= warmup_s and (not rss or now - rss[-1][0] >= seconds / 10):
+                rss.append((round(now, 1), _rss_bytes()))
+            stop = torch.tensor([float(now >= seconds)])
             comm.all_reduce(stop, op="max")
             if stop.item() > 0:
                 break
     stats = comm.stats()
+    rss.append((round(time.monotonic() - start, 1), _rss_bytes()))
     comm.close()
-    results.put((rank, {"calls": mix.call, "wrong_elements": wrong, "errors": errors,
-                        "by_kind": mix.counts, "bytes_sent": stats["bytes_sent"],
-                        "calls_by_algo": stats["calls"]}))
+    return {"calls": mix.call, "wrong_elements": wrong, "errors": errors, "rss_samples": rss,
+            "rss_growth_bytes": rss[-1][1] - rss[0][1], "by_kind": mix.counts,
+            "bytes_sent": stats["bytes_sent"], "calls_by_algo": stats["calls"]}
 
 
 def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_soak_rank, args=(r, world, store.port, seconds, seed, topology,
-                                                  results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict] = {}
-    deadline = time.monotonic() + seconds + 300
-    while len(got) < world and time.monotonic() < deadline:
-        try:
-            rank, out = results.get(timeout=5)
-            got[rank] = out
-        except Exception:
-            if not any(p.is_alive() for p in procs):
-                break
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
+    outs = run_ranks(world, _soak_rank, seconds, seed, topology, timeout=seconds + 300,
+                     allow_failures=True)
+    # A rank that failed or died reports (type, message) or None in place of its dict.
+    got = {r: o for r, o in enumerate(outs) if isinstance(o, dict)}
+    for r, o in enumerate(outs):
+        if not isinstance(o, dict):
+            got[r] = {"calls": 0, "wrong_elements": 0, "errors": [f"rank {r}: {o}"]}
     per_rank = [got.get(r, {"calls": 0, "wrong_elements": 0, "errors": ["no report"]})
                 for r in range(world)]
     return {"world": world, "seconds": seconds, "seed": seed, "topology": topology,
@@ -91,7 +95,9 @@ def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
             "wrong_elements": sum(r["wrong_elements"] for r in per_rank),
             "errors": [e for r in per_rank for e in r["errors"]],
             "by_kind": per_rank[0].get("by_kind", {}),
-            "calls_by_algo": per_rank[0].get("calls_by_algo", {})}
+            "calls_by_algo": per_rank[0].get("calls_by_algo", {}),
+            "rss_growth_bytes": [r.get("rss_growth_bytes") for r in per_rank],
+            "rss_samples": [r.get("rss_samples") for r in per_rank]}
 
 
 # -- kill trials ----------------------------------------------------------------------------
@@ -309,10 +315,15 @@ def main() -> int:
     ok = True
     if args.minutes > 0:
         s = soak(args.world, args.minutes * 60, args.seed, args.topology)
+        growth = [g / 2**20 for g in s["rss_growth_bytes"] if g is not None]
         print(f"soak: {s['calls']} calls on {args.world} ranks in {args.minutes:g} min, "
-              f"{s['wrong_elements']} wrong elements, {len(s['errors'])} errors", flush=True)
+              f"{s['wrong_elements']} wrong elements, {len(s['errors'])} errors, resident "
+              f"memory after the warm-up grew by {', '.join(f'{g:+.2f}' for g in growth)} MiB "
+              f"(target <= {RSS_GROWTH_MIB} MiB)", flush=True)
         out["soak"] = s
         ok &= s["wrong_elements"] == 0 and not s["errors"] and s["calls"] > 0
+        if args.minutes >= RSS_TARGET_MINUTES:
+            ok &= len(growth) == args.world and max(growth) <= RSS_GROWTH_MIB
     if args.fuzz_calls > 0:
         f = fuzz(args.fuzz_calls, args.seed)
         print(f"fuzz: {f['calls']} calls, outcomes {f['outcomes']}, {f['crashes_or_wrong']} "

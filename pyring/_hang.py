@@ -130,14 +130,36 @@ class _Watcher:
         self._watched: dict[int, tuple[Any, Any, int, float]] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._exit_hook = False
 
     def add(self, key: int, store: Any, core: Any, rank: int, timeout_s: float) -> None:
         with self._lock:
+            if self._stopped:
+                return
             self._watched[key] = (store, weakref.ref(core), rank, poll_interval(timeout_s))
             if self._thread is None or not self._thread.is_alive():
+                if not self._exit_hook:
+                    # Before the interpreter stops its threads: a daemon thread it stops while
+                    # inside a store call would unwind through C++ and abort the process.
+                    try:
+                        threading._register_atexit(self.stop)
+                    except RuntimeError:  # the interpreter is already stopping
+                        return
+                    self._exit_hook = True
                 self._thread = threading.Thread(target=self._run, name="pyring-hang-watch",
                                                 daemon=True)
                 self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread (at interpreter exit), waiting up to 2 s for its store call."""
+        with self._lock:
+            self._stopped = True
+            self._watched.clear()
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
 
     def remove(self, key: int) -> None:
         with self._lock:
@@ -152,6 +174,8 @@ class _Watcher:
                     return
                 watched = list(self._watched.items())
             for key, (store, core_ref, rank, _) in watched:
+                if self._stopped:
+                    return
                 core = core_ref()
                 try:
                     if core is not None and not store.check([REQUEST]):

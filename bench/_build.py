@@ -1,0 +1,47 @@
+"""Builds a git ref of pyring out of the source tree, beside a copy of its Python package, for
+benchmarks that compare builds (callpath.py) or need an instrumented one (lsan.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(ref: str, root: Path, build_type: str = "RelWithDebInfo",
+          flags: tuple[str, ...] = (), tag: str = "") -> Path:
+    """Builds `ref` (without CUDA when flags are given) into root/<sha><tag>/; returns the
+    directory holding its `pyring` package. A finished build is reused."""
+    sha = subprocess.check_output(["git", "rev-parse", "--short", ref], cwd=ROOT, text=True).strip()
+    out = root / (sha + tag)
+    pkg = out / "pkg"
+    if list((pkg / "pyring").glob("_C*.so")):
+        return pkg
+    src = out / "src"
+    shutil.rmtree(out, ignore_errors=True)
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    import pybind11
+
+    extra = []
+    if flags:
+        joined = " ".join(flags)
+        extra = ["-DPYRING_CUDA=OFF", f"-DCMAKE_CXX_FLAGS={joined}",
+                 f"-DCMAKE_C_FLAGS={joined}", f"-DCMAKE_MODULE_LINKER_FLAGS={joined}",
+                 f"-DCMAKE_SHARED_LINKER_FLAGS={joined}"]
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out / "build"),
+                    f"-DCMAKE_BUILD_TYPE={build_type}",
+                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+                    f"-DPython_EXECUTABLE={sys.executable}", *extra], check=True,
+                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(out / "build"), f"-j{os.cpu_count()}"], check=True,
+                   capture_output=True)
+    shutil.copytree(src / "pyring", pkg / "pyring")
+    for so in (out / "build").glob("_C*.so"):
+        shutil.copy(so, pkg / "pyring")
+    return pkg
