@@ -41,7 +41,9 @@ def build(ref: str, root: Path, build_type: str = "RelWithDebInfo",
                    capture_output=True)
     subprocess.run(["cmake", "--build", str(out / "build"), f"-j{os.cpu_count()}"], check=True,
                    capture_output=True)
-    shutil.copytree(src / "pyring", pkg / "pyring")
+    for package in ("pyring", "_pyring_autoload"):
+        if (src / package).is_dir():
+            shutil.copytree(src / package, pkg / package)
     for so in (out / "build").glob("_C*.so"):
         shutil.copy(so, pkg / "pyring")
     return pkg

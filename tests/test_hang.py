@@ -44,5 +44,5 @@ def test_warning_at_half_the_deadline():
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_hang_account_names_the_rank_that_never_entered(transport):
-    results = run_ranks(4, stuck_rank, transport, 3.0, 5.0, timeout=120)
-    assert check_stuck_rank(results, 3.0, account_wait(3.0) + 0.5) == []
+    results = run_ranks(4, stuck_rank, transport, 2.0, 3.5, timeout=120)
+    assert check_stuck_rank(results, 2.0, account_wait(2.0) + 0.5) == []

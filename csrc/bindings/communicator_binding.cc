@@ -87,9 +87,11 @@ py::object launch(Communicator& comm, bool async_op, const CollectiveDesc& desc,
     }
     return py::cast(work);
   }
-  py::gil_scoped_release nogil;
-  comm.run_sync(desc, fn);
-  return py::none();
+  {
+    py::gil_scoped_release nogil;
+    comm.run_sync(desc, fn);
+  }
+  return py::none();  // a reference taken with the GIL held
 }
 
 void register_communicator(py::module_& m) {
