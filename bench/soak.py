@@ -32,8 +32,9 @@ import pyring  # noqa: E402
 from pyring.launch import run_ranks  # noqa: E402
 
 CHECK_EVERY = 25  # calls between the ranks' agreement on whether to stop
-# The most a rank's resident memory may grow after the warm-up, in runs of at least
-# RSS_TARGET_MINUTES (shorter runs report the growth without judging it).
+# The most a rank's resident memory may grow after the warm-up, judged in runs of at least
+# RSS_TARGET_MINUTES with --repeat-every (otherwise the growth is reported, not judged: a random
+# mix raises the allocators' high-water mark whenever a larger call comes).
 RSS_GROWTH_MIB = 2.0
 RSS_TARGET_MINUTES = 5.0
 
@@ -49,13 +50,15 @@ def _rss_bytes() -> int:
 
 
 def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
-               topology: str) -> dict:
+               topology: str, repeat_every: int) -> dict:
     torch.set_num_threads(1)
     comm = pyring.init(rank, world, store, set_default=False, timeout=60, topology=topology)
     mix, wrong, errors = Mix(comm, seed), 0, []
     start = time.monotonic()
-    # Resident memory after the warm-up (a tenth of the run, at most a minute), then every
-    # tenth of the run: allocator pools and torch's first calls settle in the warm-up.
+    # Resident memory: with repeat_every, the calls' kinds and sizes repeat every repeat_every
+    # calls (the values differ), so the allocators reach the cycle's high-water mark in its
+    # first pass; it is sampled at cycle boundaries from the third on and after a tenth of the
+    # run. Without, after a tenth of the run (at most a minute) and every tenth after it.
     warmup_s = min(60.0, seconds / 10)
     rss: list[tuple[float, int]] = []
     while True:
@@ -64,25 +67,33 @@ def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
         except Exception as e:  # recorded: any error in the soak is a failure
             errors.append(f"call {mix.call}: {type(e).__name__}: {e}"[:500])
             break
+        if repeat_every and mix.call % repeat_every == 0:
+            mix.rng = random.Random(seed)
+            now = time.monotonic() - start
+            if mix.call >= 2 * repeat_every and now >= warmup_s:
+                rss.append((round(now, 1), _rss_bytes()))
         if mix.call % CHECK_EVERY == 0:
             now = time.monotonic() - start
-            if now >= warmup_s and (not rss or now - rss[-1][0] >= seconds / 10):
+            if not repeat_every and now >= warmup_s and (
+                    not rss or now - rss[-1][0] >= seconds / 10):
                 rss.append((round(now, 1), _rss_bytes()))
             stop = torch.tensor([float(now >= seconds)])
             comm.all_reduce(stop, op="max")
             if stop.item() > 0:
                 break
     stats = comm.stats()
-    rss.append((round(time.monotonic() - start, 1), _rss_bytes()))
+    if not repeat_every:
+        rss.append((round(time.monotonic() - start, 1), _rss_bytes()))
     comm.close()
     return {"calls": mix.call, "wrong_elements": wrong, "errors": errors, "rss_samples": rss,
-            "rss_growth_bytes": rss[-1][1] - rss[0][1], "by_kind": mix.counts,
+            "rss_growth_bytes": rss[-1][1] - rss[0][1] if len(rss) > 1 else None,
+            "by_kind": mix.counts,
             "bytes_sent": stats["bytes_sent"], "calls_by_algo": stats["calls"]}
 
 
-def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
-    outs = run_ranks(world, _soak_rank, seconds, seed, topology, timeout=seconds + 300,
-                     allow_failures=True)
+def soak(world: int, seconds: float, seed: int, topology: str, repeat_every: int = 0) -> dict:
+    outs = run_ranks(world, _soak_rank, seconds, seed, topology, repeat_every,
+                     timeout=seconds + 300, allow_failures=True)
     # A rank that failed or died reports (type, message) or None in place of its dict.
     got = {r: o for r, o in enumerate(outs) if isinstance(o, dict)}
     for r, o in enumerate(outs):
@@ -91,6 +102,7 @@ def soak(world: int, seconds: float, seed: int, topology: str) -> dict:
     per_rank = [got.get(r, {"calls": 0, "wrong_elements": 0, "errors": ["no report"]})
                 for r in range(world)]
     return {"world": world, "seconds": seconds, "seed": seed, "topology": topology,
+            "repeat_every": repeat_every,
             "calls": per_rank[0]["calls"],
             "wrong_elements": sum(r["wrong_elements"] for r in per_rank),
             "errors": [e for r in per_rank for e in r["errors"]],
@@ -245,10 +257,9 @@ def fuzz(calls: int, seed: int) -> dict:
 def strangers(trials: int) -> dict:
     """The start of 4 tcp ranks with and without strangers (silent, garbage, forged and
     wrong-secret clients on every listening port of the ranks that wait for a late one), side
-    by side per trial (tests/test_strangers.py)."""
-    import test_strangers as ts
-
+    by side per trial (pyring/testing/strangers.py, as tests/test_strangers.py)."""
     from pyring.launch import run_ranks
+    from pyring.testing import strangers as ts
 
     env = {"PYRING_TRANSPORT": "tcp", "OMP_NUM_THREADS": "1"}
     rows = []
@@ -308,13 +319,15 @@ def main() -> int:
     ap.add_argument("--strangers", type=int, default=0, help="rendezvous trials with strangers")
     ap.add_argument("--native-fuzz-runs", type=int, default=0, help="libFuzzer inputs (clang++)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat-every", type=int, default=0,
+                    help="repeat the calls' kinds and sizes every N calls (the memory target)")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
     args = ap.parse_args()
     out: dict[str, Any] = {"machine": describe(), "command": " ".join(sys.argv)}
     ok = True
     if args.minutes > 0:
-        s = soak(args.world, args.minutes * 60, args.seed, args.topology)
+        s = soak(args.world, args.minutes * 60, args.seed, args.topology, args.repeat_every)
         growth = [g / 2**20 for g in s["rss_growth_bytes"] if g is not None]
         print(f"soak: {s['calls']} calls on {args.world} ranks in {args.minutes:g} min, "
               f"{s['wrong_elements']} wrong elements, {len(s['errors'])} errors, resident "
@@ -322,7 +335,7 @@ def main() -> int:
               f"(target <= {RSS_GROWTH_MIB} MiB)", flush=True)
         out["soak"] = s
         ok &= s["wrong_elements"] == 0 and not s["errors"] and s["calls"] > 0
-        if args.minutes >= RSS_TARGET_MINUTES:
+        if args.minutes >= RSS_TARGET_MINUTES and args.repeat_every:
             ok &= len(growth) == args.world and max(growth) <= RSS_GROWTH_MIB
     if args.fuzz_calls > 0:
         f = fuzz(args.fuzz_calls, args.seed)
