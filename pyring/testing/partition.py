@@ -30,8 +30,7 @@ def _rank() -> None:
     import pyring
     from pyring._emulate import report
 
-    comm = pyring.init(set_default=False, transport="tcp" if os.environ.get(
-        "PYRING_PARTITION_TCP") else None)
+    comm = pyring.init(set_default=False)
     rank = comm.rank
     x = torch.ones(COUNT)
     comm.all_reduce(x)
