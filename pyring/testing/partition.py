@@ -5,7 +5,7 @@ host's interface), so no reset ever arrives.
     results, addresses = run_partition(hosts=2, ranks_per_host=2, timeout_s=5)
     problems = check_partition(results, addresses, ranks_per_host=2, timeout_s=5, slack_s=2)
 
-As a rank (``python -m pyring.testing.partition``, under EmulatedHosts.run): init, one
+As a rank (``python .../pyring/testing/partition.py``, under EmulatedHosts.run): init, one
 allreduce of 64 MiB together, then rank 0 creates the trigger file and every rank keeps calling
 the allreduce until one raises; the parent cuts the link on its next progress tick (50 ms).
 Each rank reports its error, the seconds its failing call took, and how many calls succeeded
@@ -72,7 +72,8 @@ def run_partition(hosts: int, ranks_per_host: int, timeout_s: float, rate: str =
 
     try:
         with EmulatedHosts(hosts=hosts, rate=rate) as h:
-            results = h.run(ranks_per_host, [sys.executable, "-m", "pyring.testing.partition"],
+            # By path, not -m: a source tree in the working directory would shadow the package.
+            results = h.run(ranks_per_host, [sys.executable, os.path.abspath(__file__)],
                             env={TRIGGER_ENV: trigger, "PYRING_TIMEOUT": str(timeout_s),
                                  **(env or {})},
                             timeout=timeout_s * 4 + 60, progress=lambda: tick(h))
