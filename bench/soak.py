@@ -12,6 +12,7 @@ target is missed (any wrong result, any failed trial, any fuzz failure).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import multiprocessing as mp
@@ -45,7 +46,11 @@ def _store(port: int, world: int, timeout_s: float) -> Any:
                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _rss_bytes() -> int:
+def _rss_bytes(trim: bool = False) -> int:
+    """Resident memory; with trim, after glibc has returned its free heap pages (malloc_trim),
+    so that what remains is what the process holds, not how its heap is fragmented."""
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -60,7 +65,7 @@ def _growth(samples: list[int]) -> int | None:
 
 
 def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
-               topology: str, repeat_every: int) -> dict:
+               topology: str, repeat_every: int, trim: bool) -> dict:
     torch.set_num_threads(1)
     comm = pyring.init(rank, world, store, set_default=False, timeout=60, topology=topology)
     mix, wrong, errors = Mix(comm, seed), 0, []
@@ -81,19 +86,19 @@ def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
             mix.rng = random.Random(seed)
             now = time.monotonic() - start
             if mix.call >= 2 * repeat_every and now >= warmup_s:
-                rss.append((round(now, 1), _rss_bytes()))
+                rss.append((round(now, 1), _rss_bytes(trim)))
         if mix.call % CHECK_EVERY == 0:
             now = time.monotonic() - start
             if not repeat_every and now >= warmup_s and (
                     not rss or now - rss[-1][0] >= seconds / 10):
-                rss.append((round(now, 1), _rss_bytes()))
+                rss.append((round(now, 1), _rss_bytes(trim)))
             stop = torch.tensor([float(now >= seconds)])
             comm.all_reduce(stop, op="max")
             if stop.item() > 0:
                 break
     stats = comm.stats()
     if not repeat_every:
-        rss.append((round(time.monotonic() - start, 1), _rss_bytes()))
+        rss.append((round(time.monotonic() - start, 1), _rss_bytes(trim)))
     comm.close()
     return {"calls": mix.call, "wrong_elements": wrong, "errors": errors, "rss_samples": rss,
             "rss_growth_bytes": _growth([b for _, b in rss]),
@@ -101,8 +106,9 @@ def _soak_rank(rank: int, world: int, store: Any, seconds: float, seed: int,
             "bytes_sent": stats["bytes_sent"], "calls_by_algo": stats["calls"]}
 
 
-def soak(world: int, seconds: float, seed: int, topology: str, repeat_every: int = 0) -> dict:
-    outs = run_ranks(world, _soak_rank, seconds, seed, topology, repeat_every,
+def soak(world: int, seconds: float, seed: int, topology: str, repeat_every: int = 0,
+         trim: bool = False) -> dict:
+    outs = run_ranks(world, _soak_rank, seconds, seed, topology, repeat_every, trim,
                      timeout=seconds + 300, allow_failures=True)
     # A rank that failed or died reports (type, message) or None in place of its dict.
     got = {r: o for r, o in enumerate(outs) if isinstance(o, dict)}
@@ -112,7 +118,7 @@ def soak(world: int, seconds: float, seed: int, topology: str, repeat_every: int
     per_rank = [got.get(r, {"calls": 0, "wrong_elements": 0, "errors": ["no report"]})
                 for r in range(world)]
     return {"world": world, "seconds": seconds, "seed": seed, "topology": topology,
-            "repeat_every": repeat_every,
+            "repeat_every": repeat_every, "malloc_trim_before_samples": trim,
             "calls": per_rank[0]["calls"],
             "wrong_elements": sum(r["wrong_elements"] for r in per_rank),
             "errors": [e for r in per_rank for e in r["errors"]],
@@ -331,13 +337,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat-every", type=int, default=0,
                     help="repeat the calls' kinds and sizes every N calls (the memory target)")
+    ap.add_argument("--trim", action="store_true",
+                    help="malloc_trim before each memory sample (glibc returns its free pages)")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
     args = ap.parse_args()
     out: dict[str, Any] = {"machine": describe(), "command": " ".join(sys.argv)}
     ok = True
     if args.minutes > 0:
-        s = soak(args.world, args.minutes * 60, args.seed, args.topology, args.repeat_every)
+        s = soak(args.world, args.minutes * 60, args.seed, args.topology, args.repeat_every,
+                 args.trim)
         growth = [g / 2**20 for g in s["rss_growth_bytes"] if g is not None]
         print(f"soak: {s['calls']} calls on {args.world} ranks in {args.minutes:g} min, "
               f"{s['wrong_elements']} wrong elements, {len(s['errors'])} errors, resident "
