@@ -30,11 +30,16 @@ from pyring.launch import run_ranks
 BENCH = Path(__file__).resolve().parent
 
 
+def rss_bytes() -> int:
+    """This process's resident bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def snapshot() -> dict[str, int]:
     """This process's resident bytes, open descriptors and threads, and pyring's /dev/shm
     entries (every job's: the test runs alone)."""
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    rss = rss_bytes()
     shm = [n for n in os.listdir("/dev/shm") if n.startswith("pyring-")] \
         if os.path.isdir("/dev/shm") else []
     return {"rss_bytes": rss, "fds": len(os.listdir("/proc/self/fd")),

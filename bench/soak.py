@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _soak_mix import Mix  # noqa: E402
+from leaks import rss_bytes  # noqa: E402
 from machine import describe  # noqa: E402
 
 import pyring  # noqa: E402
@@ -51,8 +52,7 @@ def _rss_bytes(trim: bool = False) -> int:
     so that what remains is what the process holds, not how its heap is fragmented."""
     if trim:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss_bytes()
 
 
 def _growth(samples: list[int]) -> int | None:

@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import Any
 
-import torch
+from . import _C
 
 REQUEST = "hang/request"
 
@@ -41,7 +41,7 @@ def account_wait(timeout_s: float) -> float:
 
 def _describe(entry: dict) -> str:
     """'all_reduce, 4.0 MiB' from a flight recorder entry."""
-    nbytes = entry["count"] * torch.empty(0, dtype=getattr(torch, entry["dtype"])).element_size()
+    nbytes = entry["count"] * _C.DTYPE_SIZES[_C.DTYPE_NAMES.index(entry["dtype"])]
     size = next((f"{nbytes / d:.1f} {u}" for d, u in ((1 << 30, "GiB"), (1 << 20, "MiB"),
                                                        (1 << 10, "KiB")) if nbytes >= d),
                 f"{nbytes} B")
