@@ -26,13 +26,12 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from _soak_mix import Mix  # noqa: E402
 from leaks import rss_bytes  # noqa: E402
 from machine import describe  # noqa: E402
 
 import pyring  # noqa: E402
-from pyring.launch import run_ranks  # noqa: E402
+from pyring.launch import Ranks, run_ranks  # noqa: E402
 
 CHECK_EVERY = 25  # calls between the ranks' agreement on whether to stop
 # The most a rank's resident memory may grow after the warm-up, judged in runs of at least
@@ -40,11 +39,6 @@ CHECK_EVERY = 25  # calls between the ranks' agreement on whether to stop
 # mix raises the allocators' high-water mark whenever a larger call comes).
 RSS_GROWTH_MIB = 2.0
 RSS_TARGET_MINUTES = 5.0
-
-
-def _store(port: int, world: int, timeout_s: float) -> Any:
-    return dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _rss_bytes(trim: bool = False) -> int:
@@ -130,13 +124,14 @@ def soak(world: int, seconds: float, seed: int, topology: str, repeat_every: int
 
 # -- kill trials ----------------------------------------------------------------------------
 
-def _trial_rank(rank: int, world: int, port: int, timeout_s: float, seed: int,
-                results: Any, late_s: float) -> None:
+def _trial_rank(rank: int, world: int, store: Any, timeout_s: float, seed: int,
+                results: Any, late_s: list[float]) -> None:
     torch.set_num_threads(1)
-    time.sleep(late_s)
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))  # the store waits to the deadline
+    time.sleep(late_s[rank])
     try:
-        comm = pyring.init(rank, world, _store(port, world, timeout_s), set_default=False,
-                           timeout=timeout_s, topology="0,1|2,3" if world == 4 else "auto")
+        comm = pyring.init(rank, world, store, set_default=False, timeout=timeout_s,
+                           topology="0,1|2,3" if world == 4 else "auto")
         results.put((rank, "ready", time.time()))
         mix = Mix(comm, seed)
         while True:
@@ -152,58 +147,39 @@ def _shm_names() -> set[str]:
         return set()
 
 
-_CONTEXT: Any = None
-
-
-def _trial_context() -> Any:
-    """Ranks fork from a clean single-threaded server that has torch and pyring loaded: fast
-    to start, and free of what forking this process (store and queue threads) would inherit."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "pyring", "_soak_mix", "soak"])
-    return _CONTEXT
+# Ranks fork from a clean single-threaded server that has torch and pyring loaded: fast to
+# start, and free of what forking this process (store and queue threads) would inherit.
+TRIAL_PRELOAD = ["torch", "pyring", "_soak_mix", "soak"]
 
 
 def kill_trial(world: int, timeout_s: float, rng: random.Random) -> dict:
-    ctx = _trial_context()
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
     shm_before = _shm_names()
-    results = ctx.Queue()
+    results = mp.get_context("forkserver").Queue()
     seed = rng.randrange(1 << 30)
     victim = rng.randrange(world)
     # In a third of the trials the victim comes late (0.3 s) and is killed before, during or
     # just after its init, while the others wait for it in theirs; otherwise all run first.
     in_init = rng.random() < 1 / 3
-    late = [0.3 if in_init and r == victim else 0.0 for r in range(world)]
+    late_s = [0.3 if in_init and r == victim else 0.0 for r in range(world)]
     delay = rng.uniform(0.05, 0.45) if in_init else rng.uniform(0.1, 2.5)
-    procs = [ctx.Process(target=_trial_rank, args=(r, world, store.port, timeout_s, seed,
-                                                   results, late[r])) for r in range(world)]
-    for p in procs:
-        p.start()
-    time.sleep(delay)
-    procs[victim].kill()
-    killed_at = time.time()
-    reports: dict[int, tuple] = {}
-    ready = 0
-    end = time.monotonic() + 2 * timeout_s + 10
-    while len(reports) < world - 1 and time.monotonic() < end:
-        try:
-            msg = results.get(timeout=0.5)
-        except Exception:
-            continue
-        if msg[1] == "ready":
-            ready += 1
-        elif msg[0] != victim:
-            reports[msg[0]] = msg
-    for p in procs:
-        p.join(timeout=10)
-    left = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    with Ranks(world, _trial_rank, timeout_s, seed, results, late_s,
+               start_method="forkserver", preload=TRIAL_PRELOAD) as job:
+        time.sleep(delay)
+        job.kill(victim)
+        killed_at = time.time()
+        reports: dict[int, tuple] = {}
+        ready = 0
+        end = time.monotonic() + 2 * timeout_s + 10
+        while len(reports) < world - 1 and time.monotonic() < end:
+            try:
+                msg = results.get(timeout=0.5)
+            except Exception:
+                continue
+            if msg[1] == "ready":
+                ready += 1
+            elif msg[0] != victim:
+                reports[msg[0]] = msg
+        left = [job.pids[r] for r in job.join(10)]
     phase = "run" if ready >= world - 1 else "init"
     # Init waits on the store and then on the links, each with the deadline.
     bound = timeout_s + 1.0 if phase == "run" else 2 * timeout_s + 1.0

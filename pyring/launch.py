@@ -5,6 +5,11 @@ of local ranks (the main job, the multi-process tests, bench/ and the self-check
 ``fn(rank, world, store, *args)``, and returns their results in rank order. A rank that raises,
 dies or is still running at ``timeout`` (every rank is then killed) makes it raise RankFailure
 with each such rank's error and traceback.
+``Ranks(world, fn, *args)`` starts the same processes and returns at once: the caller may kill
+a rank (``kill``), see which still run (``alive``, ``join``), collect the results as run_ranks
+does (``wait``), and ends every process with ``close`` (or by leaving its ``with`` block).
+With ``start_method="forkserver"`` the ranks are forked from a server that has imported
+``preload``: quick to start where many jobs start in turn.
 A rank dies with the process that started it. By default the store is a TCPStore hosted here;
 ``store=(host, port, prefix)`` joins an existing one (torchrun's) under a key prefix instead,
 and ``ranks`` starts only some of the world's ranks here.
@@ -15,9 +20,11 @@ from __future__ import annotations
 import ctypes
 import datetime
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -25,16 +32,29 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 _PR_SET_PDEATHSIG = 1
+START_METHODS = ("spawn", "forkserver")
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL to this process once `parent` (the process that started it) is gone."""
+def _die_with_parent(parent: int, direct: bool) -> None:
+    """SIGKILL to this process once the launcher `parent` is gone. `direct`: the launcher is
+    this process's parent (spawn). Otherwise a fork server is, which outlives the launcher
+    while its children run, and a thread watches the launcher instead."""
+    if not direct:
+        threading.Thread(target=_watch_launcher, daemon=True).start()
+        return
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the rank outlives a killed parent
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(3)
+
+
+def _watch_launcher() -> None:
+    # The sentinel is the launcher's end of the pipe that carried this process's start: it
+    # reads as ready once the launcher is gone, at once if it already is.
+    mp_connection.wait([mp.parent_process().sentinel])
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _child(
@@ -45,10 +65,10 @@ def _child(
     env: dict,
     results: Any,
     args: tuple,
-    parent: int,
+    parent: tuple[int, bool],
     hard_exit: bool,
 ) -> None:
-    _die_with_parent(parent)
+    _die_with_parent(*parent)
     os.environ.update(env)
     try:
         host, port, prefix, joined = where
@@ -77,6 +97,150 @@ class RankFailure(AssertionError):
         super().__init__(f"{len(failures)} rank(s) failed:\n{text}")
 
 
+class Ranks:
+    """One job's rank processes, running from construction until `wait` or `close` ends them.
+
+    `start_method` is "spawn" or "forkserver"; `preload` names the modules the fork server
+    imports when it starts (this process's first forkserver job: later jobs reuse that server,
+    whatever their `preload`). The other arguments are run_ranks's. `pids` maps each started
+    rank to its process id."""
+
+    def __init__(
+        self,
+        world: int,
+        fn: Callable,
+        *args: Any,
+        env: dict | None = None,
+        ranks: list[int] | None = None,
+        store: tuple[str, int, str] | None = None,
+        hard_exit: bool = False,
+        start_method: str = "spawn",
+        preload: list[str] | None = None,
+    ) -> None:
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
+        ctx = mp.get_context(start_method)
+        if start_method == "forkserver" and preload:
+            ctx.set_forkserver_preload(list(preload))
+        self.ranks = list(range(world)) if ranks is None else list(ranks)
+        self._master = None
+        if store is None:
+            self._master = dist.TCPStore(
+                "127.0.0.1",
+                0,
+                world + 1,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=60),
+            )
+            where = ("127.0.0.1", self._master.port, "", False)
+        else:
+            where = (*store, True)
+        self._results = ctx.Queue()
+        parent = (os.getpid(), start_method == "spawn")
+        self._procs = {
+            r: ctx.Process(
+                target=_child,
+                daemon=True,
+                args=(fn, r, world, where, env or {}, self._results, args, parent, hard_exit),
+            )
+            for r in self.ranks
+        }
+        self._closed = False
+        self.exitcodes: dict[int, int | None] = {}
+        try:
+            for p in self._procs.values():
+                p.start()
+        except BaseException:
+            self.close()
+            raise
+        self.pids = {r: p.pid for r, p in self._procs.items()}
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def kill(self, rank: int) -> None:
+        """Sends SIGKILL to `rank`'s process (nothing when it has ended)."""
+        if not self._closed:
+            self._procs[rank].kill()
+
+    def alive(self) -> list[int]:
+        """The ranks whose processes still run."""
+        if self._closed:
+            return []
+        return [r for r, p in self._procs.items() if p.is_alive()]
+
+    def join(self, timeout: float) -> list[int]:
+        """Waits up to `timeout` seconds for every process to end; returns alive()."""
+        end = time.monotonic() + timeout
+        for p in self._procs.values():
+            if not self._closed and p.pid is not None:
+                p.join(timeout=max(0.0, end - time.monotonic()))
+        return self.alive()
+
+    def wait(self, timeout: float = 120.0, allow_failures: bool = False) -> list[Any]:
+        """run_ranks's result, counting `timeout` from this call; every process has ended when
+        it returns or raises."""
+        got: dict[int, Any] = {}
+        failures: dict[int, tuple[str, str, str]] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(got) + len(failures) < len(self.ranks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    rank, ok, value = self._results.get(timeout=min(left, 0.5))
+                except queue.Empty:
+                    # A rank that died without reporting (SIGKILL) counts once it has exited.
+                    if not self.alive():
+                        break
+                    continue
+                if ok:
+                    got[rank] = value
+                else:
+                    failures[rank] = value
+        finally:
+            for p in self._procs.values():
+                p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            self.close()
+        if allow_failures:
+            out = {r: got.get(r) for r in self.ranks}
+            for r, (t, m, _) in failures.items():
+                out[r] = (t, m)
+            return [out[r] for r in self.ranks]
+        for r in self.ranks:
+            if r not in got and r not in failures:
+                failures[r] = (
+                    "Hang",
+                    f"no result within {timeout:.0f} s (exit code {self.exitcodes[r]})",
+                    "",
+                )
+        if failures:
+            raise RankFailure(dict(sorted(failures.items())))
+        return [got[r] for r in self.ranks]
+
+    def close(self) -> None:
+        """Kills every process still running and waits for it: none outlives this call. Sets
+        `exitcodes` (negative: the signal that ended the process, -9 for a kill)."""
+        if self._closed:
+            return
+        self._closed = True
+        for r, p in self._procs.items():
+            if p.pid is None:  # never started
+                continue
+            if p.is_alive():
+                p.kill()
+            p.join()
+            self.exitcodes[r] = p.exitcode
+            p.close()
+        self._results.close()
+        self._master = None
+
+
 def run_ranks(
     world: int,
     fn: Callable,
@@ -92,68 +256,5 @@ def run_ranks(
     error; None for a rank that died without reporting), in the order of `ranks` (default:
     every rank of `world`). With hard_exit, a rank's process ends with os._exit once its
     result is sent: neither the objects fn left alive nor atexit handlers are torn down."""
-    ctx = mp.get_context("spawn")
-    mine = list(range(world)) if ranks is None else list(ranks)
-    if store is None:
-        master = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            world + 1,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=60),
-        )
-        where = ("127.0.0.1", master.port, "", False)
-    else:
-        where = (*store, True)
-    results = ctx.Queue()
-    procs = {
-        r: ctx.Process(
-            target=_child,
-            daemon=True,
-            args=(fn, r, world, where, env or {}, results, args, os.getpid(), hard_exit),
-        )
-        for r in mine
-    }
-    for p in procs.values():
-        p.start()
-    got: dict[int, Any] = {}
-    failures: dict[int, tuple[str, str, str]] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) + len(failures) < len(mine):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                rank, ok, value = results.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                # A rank that died without reporting (SIGKILL) counts once it has exited.
-                if all(not p.is_alive() for p in procs.values()):
-                    break
-                continue
-            if ok:
-                got[rank] = value
-            else:
-                failures[rank] = value
-    finally:
-        for p in procs.values():
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-                p.join()
-    missing = [r for r in mine if r not in got and r not in failures]
-    if allow_failures:
-        out = {r: got.get(r) for r in mine}
-        for r, (t, m, _) in failures.items():
-            out[r] = (t, m)
-        return [out[r] for r in mine]
-    for r in missing:
-        failures[r] = (
-            "Hang",
-            f"no result within {timeout:.0f} s (exit code {procs[r].exitcode})",
-            "",
-        )
-    if failures:
-        raise RankFailure(dict(sorted(failures.items())))
-    return [got[r] for r in mine]
+    with Ranks(world, fn, *args, env=env, ranks=ranks, store=store, hard_exit=hard_exit) as job:
+        return job.wait(timeout, allow_failures)

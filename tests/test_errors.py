@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import pyring
-from pyring.launch import run_ranks
+from pyring.launch import Ranks, run_ranks
 
 
 @pytest.fixture()
@@ -167,6 +167,25 @@ def test_killed_peer_every_survivor_raises(transport):
         assert "rank 1" in msg or "rank 0" in msg or "rank 2" in msg, msg
         assert elapsed < 30, f"rank {rank} took {elapsed:.1f} s to notice"
         assert "unusable after an earlier failure" in again, again
+
+
+def _rank_1_blocks(rank, world, store):
+    while rank == 1:
+        time.sleep(0.05)
+    return "done"
+
+
+def test_launcher_kills_one_rank_and_leaves_no_process():
+    start = time.monotonic()
+    with Ranks(2, _rank_1_blocks) as job:
+        pids = list(job.pids.values())
+        job.kill(1)
+        res = job.wait(timeout=30, allow_failures=True)  # returns once rank 1 is seen dead
+    assert res == ["done", None], res
+    assert time.monotonic() - start < 15
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def _absent_peer(rank, world, store):

@@ -4,13 +4,12 @@ sent. Shared by tests/test_fuzz_api.py (a bounded run) and bench/soak.py (--fuzz
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
-import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from pyring.launch import Ranks
 
 KINDS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
          "reduce")
@@ -170,12 +169,13 @@ def judge(spec: dict, outcomes: list, world: int) -> str | None:
     return None
 
 
-def _worker(rank: int, world: int, port: int, conn: Any, env: dict) -> None:
-    os.environ.update(env)
+def _worker(rank: int, world: int, store: Any, conns: list) -> None:
+    conn = conns[rank]
+    for r, c in enumerate(conns):
+        if r != rank:
+            c.close()  # each end stays open in its rank only: a dead rank reads as EOF
     import pyring
 
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                          timeout=datetime.timedelta(seconds=60))
     comm = pyring.init(rank, world, store, set_default=False, timeout=TIMEOUT_S / 2,
                        segment_bytes=4096)
     while True:
@@ -190,18 +190,15 @@ class Pool:
     """``world`` ranks that run whatever call the driver sends them."""
 
     def __init__(self, world: int, env: dict | None = None) -> None:
-        ctx = mp.get_context("spawn")
         self.world = world
-        self._store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True,
-                                    wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
-        self._conns, self._procs = [], []
-        for r in range(world):
-            mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(r, world, self._store.port, theirs,
-                                                  dict(env or {})), daemon=True)
-            p.start()
-            self._conns.append(mine)
-            self._procs.append(p)
+        pipes = [mp.Pipe() for _ in range(world)]
+        self._conns = [mine for mine, _ in pipes]
+        try:
+            self._ranks = Ranks(world, _worker, [theirs for _, theirs in pipes],
+                                env=dict(env or {}))
+        finally:
+            for _, theirs in pipes:
+                theirs.close()  # the ranks hold their ends
 
     def call(self, spec: dict) -> list | None:
         """Every rank's outcome, or None when a rank did not answer within TIMEOUT_S."""
@@ -220,7 +217,7 @@ class Pool:
                 c.send(None)
             except OSError:
                 pass
-        for p in self._procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        self._ranks.join(10)
+        self._ranks.close()
+        for c in self._conns:
+            c.close()
