@@ -352,7 +352,7 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
                      " on a device takes float32, float16 or bfloat16, got float64");
     queue = comm.device_queue(x.device);
   }
-  WireCodec codec = queue ? WireCodec(*queue) : WireCodec();
+  WireCodec codec = queue ? WireCodec(*queue) : WireCodec(comm.host_arena());
   float* f = static_cast<float*>(x.data);
   if (dt != DType::kFloat32) {
     f = codec.values(head);

@@ -11,19 +11,13 @@ namespace pyring {
 
 namespace {
 
-// The host's wire and values memory, reused by every call on this thread.
-ScratchArena& host_arena() {
-  thread_local ScratchArena arena(ScratchArena::Kind::kHost, nullptr, -1);
-  return arena;
-}
-
 DType wire_dtype(Wire w) {
   return w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16;
 }
 
 }  // namespace
 
-WireCodec::WireCodec() = default;
+WireCodec::WireCodec(ScratchArena& host) : host_(&host) {}
 
 WireCodec::WireCodec(DeviceQueue& queue) : site_{queue.device(), queue.stream()}, queue_(&queue) {}
 
@@ -37,7 +31,7 @@ WireCodec::~WireCodec() {
     queue_->pinned_arena().reset();
     queue_->device_arena().reset();
   } else {
-    host_arena().reset();
+    host_->reset();
   }
 }
 
@@ -52,19 +46,19 @@ void WireCodec::finish() {
     queue_->pinned_arena().reset();
     queue_->device_arena().reset();
   } else {
-    host_arena().reset();
+    host_->reset();
   }
 }
 
 uint8_t* WireCodec::wire(size_t bytes) {
-  if (!queue_) return host_arena().take(bytes);
+  if (!queue_) return host_->take(bytes);
   Region r{queue_->pinned_arena().take(bytes), queue_->device_arena().take(bytes), bytes};
   regions_.push_back(r);
   return r.host;
 }
 
 float* WireCodec::values(size_t count) {
-  ScratchArena& a = queue_ ? queue_->device_arena() : host_arena();
+  ScratchArena& a = queue_ ? queue_->device_arena() : *host_;
   return reinterpret_cast<float*>(a.take(count * sizeof(float)));
 }
 

@@ -24,8 +24,8 @@ namespace pyring {
 
 class WireCodec {
  public:
-  // The host: memory from the calling thread's reused arena.
-  WireCodec();
+  // The host: memory from `host`, the communicator's arena, reused by every call.
+  explicit WireCodec(ScratchArena& host);
   // A device: memory from the queue's arenas, kernels and copies on its stream.
   explicit WireCodec(DeviceQueue& queue);
   // Ends the call's use of the memory without waiting (after a failure, once the queue's
@@ -85,6 +85,7 @@ class WireCodec {
 
   KernelSite site_;
   DeviceQueue* queue_ = nullptr;
+  ScratchArena* host_ = nullptr;  // the host's memory; null on a device
   struct Region {
     uint8_t* host;
     uint8_t* device;

@@ -133,6 +133,10 @@ class Communicator {
   uint8_t* scratch(size_t bytes);
   // The same, where `site` runs its kernels (device scratch of its device queue).
   uint8_t* scratch_for(const KernelSite& site, size_t bytes);
+  // Host memory of the collective that runs now, by bump allocation (the compressed codec's).
+  // One per communicator, not per thread: whether a collective runs on the caller or on the
+  // progress thread then does not change how much memory is held.
+  ScratchArena& host_arena() { return host_arena_; }
 
   // Stops the progress engine (queued work fails with CommError). Idempotent.
   void close();
@@ -190,6 +194,7 @@ class Communicator {
   std::string device_transport_;
   Device resident_device_;  // cpu: no device links
   std::vector<uint8_t> scratch_;
+  ScratchArena host_arena_{ScratchArena::Kind::kHost, nullptr, -1};
   uint64_t seq_ = 0;  // written only by the running collective
   std::atomic<uint64_t> entered_seq_{0};
   std::atomic<uint64_t> completed_seq_{0};
