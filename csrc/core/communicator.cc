@@ -175,8 +175,7 @@ uint8_t* Communicator::scratch_for(const KernelSite& site, size_t bytes) {
 }
 
 uint8_t* Communicator::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
+  return scratch_.reserve(bytes);
 }
 
 void Communicator::execute(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {

@@ -14,6 +14,7 @@
 
 #include "core/device_queue.h"
 #include "core/flight_recorder.h"
+#include "core/host_memory.h"
 #include "core/p2p.h"
 #include "core/progress.h"
 #include "core/topology.h"
@@ -129,7 +130,8 @@ class Communicator {
   // Null where there is no device link to `peer`.
   Link* device_link(int peer) const;
 
-  // Scratch memory for the collective that runs now; valid until the next call.
+  // Scratch memory for the collective that runs now; valid until the next call (a larger
+  // request may move it and does not keep its contents).
   uint8_t* scratch(size_t bytes);
   // The same, where `site` runs its kernels (device scratch of its device queue).
   uint8_t* scratch_for(const KernelSite& site, size_t bytes);
@@ -193,7 +195,7 @@ class Communicator {
   std::shared_ptr<void> device_keepalive_;
   std::string device_transport_;
   Device resident_device_;  // cpu: no device links
-  std::vector<uint8_t> scratch_;
+  HostBuffer scratch_;
   ScratchArena host_arena_{ScratchArena::Kind::kHost, nullptr, -1};
   uint64_t seq_ = 0;  // written only by the running collective
   std::atomic<uint64_t> entered_seq_{0};

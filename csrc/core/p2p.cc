@@ -237,7 +237,7 @@ void P2pEngine::hold_locked(int peer, const P2pFrame& f) {
   auto h = std::make_shared<Held>();
   h->peer = peer;
   h->frame = f;
-  h->data.resize(f.bytes);
+  h->data.reserve(f.bytes);
   h->complete = f.bytes == 0;
   held_.push_back(h);
   if (f.bytes == 0) return;
@@ -245,10 +245,10 @@ void P2pEngine::hold_locked(int peer, const P2pFrame& f) {
   spec.bytes = f.bytes;
   spec.copy_to = h->data.data();
   spec.on_piece = [this, h](const uint8_t*, size_t offset, size_t len) {
-    if (offset + len != h->data.size()) return;
+    if (offset + len != h->frame.bytes) return;
     h->complete = true;
     if (h->claimed && !h->claimed->done) {
-      std::memcpy(h->claimed->data, h->data.data(), h->data.size());
+      std::memcpy(h->claimed->data, h->data.data(), h->frame.bytes);
       finish_locked(h->claimed, nullptr);
     }
   };

@@ -35,7 +35,7 @@ std::string P2pEngine::announced_by(int peer, std::chrono::milliseconds wait) {
         if (h->peer == peer && h->complete &&
             h->frame.context == static_cast<uint8_t>(P2pContext::kControl) &&
             h->frame.kind == kAbortCause) {
-          return std::string(h->data.begin(), h->data.end());
+          return std::string(reinterpret_cast<const char*>(h->data.data()), h->frame.bytes);
         }
       }
     }

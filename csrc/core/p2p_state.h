@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/host_memory.h"
 #include "core/p2p.h"
 
 namespace pyring {
@@ -26,7 +27,7 @@ struct P2pEngine::Op {
 struct P2pEngine::Held {
   int peer = -1;
   P2pFrame frame{};
-  std::vector<uint8_t> data;
+  HostBuffer data;  // frame.bytes of it hold the message
   bool complete = false;
   std::shared_ptr<Op> claimed;  // a receive waiting for the rest of the message
 };

@@ -1,9 +1,9 @@
 #include "core/scratch_arena.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/errors.h"
+#include "core/host_memory.h"
 #include "device/runtime.h"
 
 namespace pyring {
@@ -14,15 +14,14 @@ ScratchArena::ScratchArena(Kind kind, DeviceRuntime* rt, int index)
 }
 
 ScratchArena::~ScratchArena() {
-  for (const Block& b : blocks_) release(b.p);
+  for (const Block& b : blocks_) release(b.p, b.bytes);
 }
 
 uint8_t* ScratchArena::allocate(size_t bytes) {
   void* p = nullptr;
   switch (kind_) {
     case Kind::kHost:
-      p = std::aligned_alloc(kScratchAlign, bytes);
-      PYRING_CHECK(p != nullptr, Error, "scratch: out of host memory for ", bytes, " bytes");
+      p = host_alloc(bytes);
       break;
     case Kind::kPinned:
       p = rt_->alloc_host(index_, bytes);
@@ -34,10 +33,10 @@ uint8_t* ScratchArena::allocate(size_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
-void ScratchArena::release(uint8_t* p) noexcept {
+void ScratchArena::release(uint8_t* p, size_t bytes) noexcept {
   switch (kind_) {
     case Kind::kHost:
-      std::free(p);
+      host_free(p, bytes);
       break;
     case Kind::kPinned:
       rt_->free_host(index_, p);
@@ -65,7 +64,7 @@ void ScratchArena::reset() {
   if (blocks_.size() > 1) {
     size_t total = 0;
     for (const Block& b : blocks_) total += b.bytes;
-    for (const Block& b : blocks_) release(b.p);
+    for (const Block& b : blocks_) release(b.p, b.bytes);
     blocks_.clear();
     blocks_.push_back(Block{allocate(total), total});
   }

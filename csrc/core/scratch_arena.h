@@ -48,7 +48,7 @@ class ScratchArena {
     size_t bytes;
   };
   uint8_t* allocate(size_t bytes);
-  void release(uint8_t* p) noexcept;
+  void release(uint8_t* p, size_t bytes) noexcept;
 
   Kind kind_;
   DeviceRuntime* rt_;
