@@ -52,7 +52,7 @@ def _trial(fn, check) -> dict:
     start = time.monotonic()
     try:
         results, bad = check(fn())
-    except (RankFailure, _emulate.RankFailure) as e:
+    except RankFailure as e:
         results, bad = None, [f"a rank failed outside the scenario: {e}"[:2000]]
     return {"ok": not bad, "problems": bad, "seconds": round(time.monotonic() - start, 2),
             "results": results}

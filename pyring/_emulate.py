@@ -36,6 +36,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from pyring.launch import RankFailure
+
 IFNAME = "eth0"  # the host's interface inside its namespace
 RESULT_ENV, HOST_ENV = "PYRING_EMULATE_RESULT", "PYRING_EMULATE_HOST"
 _counter = itertools.count()
@@ -140,16 +142,6 @@ def _pick_subnet(seed: int) -> ipaddress.IPv4Network:
 
 # One host's launcher, run by path inside the host's namespaces (standard library only).
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_emulate_launch.py")
-
-
-class RankFailure(RuntimeError):
-    """Some ranks failed, exited without a result, or were killed at the timeout.
-    ``failures`` maps rank -> text (exit status and stderr tail)."""
-
-    def __init__(self, failures: dict[int, str], note: str = "") -> None:
-        self.failures = failures
-        text = "\n".join(f"--- rank {r}: {t}" for r, t in sorted(failures.items()))
-        super().__init__(f"{len(failures)} rank(s) failed{note}:\n{text}")
 
 
 def _tail(path: str, chars: int = 3000) -> str:
@@ -375,7 +367,7 @@ class EmulatedHosts:
                 continue
             why = ("still running, killed" if rc is None else
                    f"exit status {rc}" + (", no result reported" if rc == 0 else ""))
-            failures[r] = f"{why}\n{_tail(path(r, 'err'))}"
+            failures[r] = ("Hang" if rc is None else "Exit", why, _tail(path(r, "err")))
         if failures:
             logs = [_tail(os.path.join(tmp, f"host{h}.log"), 1500) for h in range(self.hosts)]
             logs = "".join(f"--- launcher of host {h}:\n{t}\n" for h, t in enumerate(logs) if t)

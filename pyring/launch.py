@@ -91,10 +91,14 @@ def _child(
 
 
 class RankFailure(AssertionError):
-    def __init__(self, failures: dict[int, tuple[str, str, str]]) -> None:
+    """Some ranks failed, died or were killed at the timeout: ``failures`` maps each such rank
+    to (kind, message, traceback or log tail); kind is the exception's type name, "Hang", or
+    "Exit" (pyring._emulate: a rank process that ended without a result)."""
+
+    def __init__(self, failures: dict[int, tuple[str, str, str]], note: str = "") -> None:
         self.failures = failures
         text = "\n".join(f"--- rank {r}: {t}: {m}\n{tb}" for r, (t, m, tb) in failures.items())
-        super().__init__(f"{len(failures)} rank(s) failed:\n{text}")
+        super().__init__(f"{len(failures)} rank(s) failed{note}:\n{text}")
 
 
 class Ranks:

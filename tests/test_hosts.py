@@ -14,7 +14,8 @@ import time
 import pytest
 
 from pyring import _emulate
-from pyring._emulate import EmulatedHosts, RankFailure
+from pyring._emulate import EmulatedHosts
+from pyring.launch import RankFailure
 
 OK, WHY = _emulate.available()
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)
@@ -140,8 +141,8 @@ def test_failing_rank_is_reported_and_cleaned_up(hosts):
                   timeout=60, grace=1.0)
     assert time.monotonic() - start < 30
     assert set(info.value.failures) == {0, 1, 2, 3}
-    assert "fails on purpose" in info.value.failures[1]
-    assert all("killed" in info.value.failures[r] for r in (0, 2, 3))
+    assert "fails on purpose" in info.value.failures[1][2]
+    assert all("killed" in info.value.failures[r][1] for r in (0, 2, 3))
 
 
 def test_timeout_kills_every_rank(hosts):

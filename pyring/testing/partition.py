@@ -55,7 +55,7 @@ def _rank() -> None:
 def run_partition(hosts: int, ranks_per_host: int, timeout_s: float, rate: str = "1gbit",
                   env: dict | None = None) -> tuple[list[dict], list[str]]:
     """One trial: every rank's report and every host's address. Raises
-    pyring._emulate.RankFailure when a rank fails to report (hangs or dies)."""
+    pyring.launch.RankFailure when a rank fails to report (hangs or dies)."""
     from pyring._emulate import IFNAME, EmulatedHosts
 
     fd, trigger = tempfile.mkstemp(prefix="pyring-partition-")
