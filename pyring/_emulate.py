@@ -36,8 +36,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from pyring.launch import RankFailure
-
 IFNAME = "eth0"  # the host's interface inside its namespace
 RESULT_ENV, HOST_ENV = "PYRING_EMULATE_RESULT", "PYRING_EMULATE_HOST"
 _counter = itertools.count()
@@ -279,7 +277,7 @@ class EmulatedHosts:
         ranks in order. Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
         MASTER_ADDR (host 0), MASTER_PORT, GLOO_SOCKET_IFNAME, PYRING_EMULATE_HOST and
         PYRING_EMULATE_RESULT over this process's environment, then ``env`` over those.
-        Raises RankFailure naming every rank that failed or left no result: ``grace``
+        Raises pyring.launch.RankFailure naming every rank that failed or left no result: ``grace``
         seconds after the first failure, or at ``timeout``, every process still running is
         killed. ``progress`` is called about every 50 ms while the ranks run."""
         if not self._made:
@@ -369,6 +367,9 @@ class EmulatedHosts:
                    f"exit status {rc}" + (", no result reported" if rc == 0 else ""))
             failures[r] = ("Hang" if rc is None else "Exit", why, _tail(path(r, "err")))
         if failures:
+            # Here, not at the top: this file also runs by path where pyring is not built.
+            from pyring.launch import RankFailure
+
             logs = [_tail(os.path.join(tmp, f"host{h}.log"), 1500) for h in range(self.hosts)]
             logs = "".join(f"--- launcher of host {h}:\n{t}\n" for h, t in enumerate(logs) if t)
             raise RankFailure(failures, note + ("\n" + logs if logs else ""))

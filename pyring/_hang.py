@@ -162,9 +162,14 @@ class _Watcher:
             thread.join(2.0)
 
     def remove(self, key: int) -> None:
+        """Stops watching `key`; when it was the last, waits (up to 1 s, for a store call) for
+        the thread to end, so that no pyring thread outlives the last communicator."""
         with self._lock:
             self._watched.pop(key, None)
+            thread = None if self._watched else self._thread
             self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
 
     def _run(self) -> None:
         while True:

@@ -151,7 +151,10 @@ SETTINGS: tuple[Setting, ...] = (
             f"how long a waiting rank polls before it sleeps on a futex (unset: "
             f"{SPIN_US_OWN_CORE} when every local rank has a core of its own, else "
             f"{SPIN_US_SHARED_CORES}); on the progress thread (async calls, which overlap the "
-            f"caller's compute) at most {_C.PROGRESS_SPIN_US}",
+            f"caller's compute) at most {_C.PROGRESS_SPIN_US}. A single-connection TCP link "
+            f"does not poll when its next piece is not expected within 100 us (from how its "
+            f"recent bytes arrived): it sleeps in poll() until the piece, or 64 KiB of it, "
+            f"is there",
             _count(0, None, "a count of microseconds")),
     Setting("PYRING_AFFINITY", ", ".join(f"`{m}`" for m in _affinity.MODES), "auto",
             "`auto`: where every local rank may run on the same CPUs (torchrun, `mp.spawn`: the "

@@ -53,6 +53,7 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
   auto idle_since = Clock::now();
   auto last_check = idle_since;
   unsigned polls = 0;
+  bool spinning = true;  // this idle period polls before it blocks
   for (;;) {
     // Idleness is read after every link has progressed: a piece landing on one link may post
     // a send on another.
@@ -64,13 +65,17 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
       polls = 0;
       continue;
     }
-    if (++polls < 64) {
+    if (polls == 0) {
+      spinning = true;
+      for (size_t i = 0; i < all && spinning; ++i) spinning = links[i]->spin_worthwhile(spin_us);
+    }
+    if (spinning && ++polls < 64) {
       cpu_relax();
       continue;
     }
     auto now = Clock::now();
     if (polls == 64) idle_since = now;
-    if (now - idle_since < spin) {
+    if (spinning && now - idle_since < spin) {
       if ((polls & 255) == 0) sched_yield();
       cpu_relax();
       continue;

@@ -61,6 +61,12 @@ class Link {
   virtual int poll_fd() const { return -1; }
   virtual bool wants_write() const { return false; }
   virtual std::atomic<uint32_t>* sleep_word() { return nullptr; }
+  // Whether a driver that found nothing to move should poll for up to `spin_us` before it
+  // blocks: false when what this link waits for is not expected within that time (bytes of a
+  // slow link still to come), so that polling would only take the core from the caller's
+  // compute. A link that answers false also arranges that a blocked driver wakes once per
+  // piece, not once per packet.
+  virtual bool spin_worthwhile(int /*spin_us*/) { return true; }
   // The TCP connections this link uses (0: none, as for shm).
   virtual size_t connections() const { return 0; }
 

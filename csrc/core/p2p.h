@@ -131,12 +131,14 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   void check_peers_locked();
   void break_peer_locked(int peer, const std::string& why);
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
+  // Whether every live link finds polling for spin_us worthwhile (Link::spin_worthwhile).
+  bool spin_worthwhile_locked();
   // Completes p's sends whose bytes have all left (Link::bytes_sent).
   void finish_sent_locked(Peer& p);
   // Spins driving the links until `w` completes or spin_us passes; Work::wait's helper.
   void help(const Work& w);
   // Drives until done(); after spin_us without progress, stops unless `to_the_end`, in which
-  // case it sleeps on the links and goes on.
+  // case it sleeps on the links and goes on (at once when polling is not worthwhile).
   void drive_until(const std::function<bool()>& done, bool to_the_end);
   void loop();
   // Waits on idle_cv_ for kParkTime, or until a post nobody helps or close().

@@ -40,21 +40,25 @@ void P2pEngine::drive_until(const std::function<bool()>& done, bool to_the_end) 
   const auto spin = std::chrono::microseconds(spin_us_);
   auto idle_since = Clock::now();
   auto last_check = idle_since;
+  bool fresh = true, spinning = true;  // the idle period just began; it polls before blocking
   // The clock is read every 16 passes: a read costs as much as a pass.
   for (unsigned pass = 1; !done() && !stop_.load(); ++pass) {
     bool moved;
     {
       std::lock_guard<std::mutex> lock(mu_);
       moved = progress_locked();
+      if (!moved && fresh && to_the_end) spinning = spin_worthwhile_locked();
     }
     if (moved) {
       idle_since = Clock::now();
+      fresh = true;
       continue;
     }
+    fresh = false;
     cpu_relax();
     // A peer sharing this core gets it now and then (as the collectives' driver does).
     if (pass % 256 == 0) sched_yield();
-    if (pass % 16 == 0 && Clock::now() - idle_since >= spin) {
+    if (!spinning || (pass % 16 == 0 && Clock::now() - idle_since >= spin)) {
       if (!to_the_end) break;
       block();  // the p2p thread stays parked meanwhile, so this thread checks the peers
       idle_since = Clock::now();
@@ -136,6 +140,13 @@ void P2pEngine::park() {
 // Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
 // or by a thread driving to the end while the p2p thread is parked. Sockets are polled with
 // the eventfd callers write; shm links sleep on this rank's futex word after a last check.
+bool P2pEngine::spin_worthwhile_locked() {
+  for (const auto& p : peers_) {
+    if (p.link && p.broken.empty() && !p.link->spin_worthwhile(spin_us_)) return false;
+  }
+  return true;
+}
+
 void P2pEngine::block() {
   sleeping_.store(true);
   std::vector<pollfd> fds;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "core/errors.h"
@@ -28,7 +29,9 @@ void TcpLink::post_send(const uint8_t* data, size_t bytes) {
 }
 
 void TcpLink::post_recv(RecvSpec spec) {
-  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0, 0});
+  if (spec.bytes == 0) return;
+  if (recvs_.empty()) since_ = Clock::now();
+  recvs_.push_back({std::move(spec), 0, 0});
 }
 
 namespace {
@@ -106,6 +109,12 @@ bool TcpLink::progress_recv() {
     if (n == 0) break;
     moved = true;
     count_received(n);
+    const auto now = Clock::now();
+    const double gap = std::chrono::duration<double, std::micro>(now - since_).count();
+    const bool first = per_read_ == 0;
+    gap_us_ = first ? gap : 0.75 * gap_us_ + 0.25 * gap;
+    per_read_ = first ? static_cast<double>(n) : 0.75 * per_read_ + 0.25 * static_cast<double>(n);
+    since_ = now;
     if (r.spec.copy_to) {
       r.received += n;
       if (r.received - r.done >= staging_.size() || r.received == total) {
@@ -122,7 +131,35 @@ bool TcpLink::progress_recv() {
     }
     if (r.done == total) recvs_.pop_front();
   }
+  // A driver blocks in poll() only with the wake-up mark at most what the front receive needs.
+  const size_t need = to_next_piece();
+  if (wake_bytes_ > std::max<size_t>(need, 1)) wake_at(need);
   return moved;
+}
+
+size_t TcpLink::to_next_piece() const {
+  if (recvs_.empty()) return 0;
+  const Recv& r = recvs_.front();
+  return r.spec.copy_to
+             ? std::min(r.spec.bytes - r.received, staging_.size() - (r.received - r.done))
+             : std::min(staging_.size() - staged_, r.spec.bytes - r.done - staged_);
+}
+
+void TcpLink::wake_at(size_t bytes) {
+  const int v = static_cast<int>(std::clamp<size_t>(bytes, 1, kWakeBytes));
+  if (static_cast<size_t>(v) == wake_bytes_) return;
+  if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0) {
+    wake_bytes_ = static_cast<size_t>(v);
+  }
+}
+
+bool TcpLink::spin_worthwhile(int spin_us) {
+  const size_t need = to_next_piece();
+  if (need == 0) return true;
+  const double reads = std::max(1.0, static_cast<double>(need) / std::max(per_read_, 1.0));
+  if (gap_us_ * reads < std::min<double>(spin_us, kSpinForUs)) return true;
+  wake_at(need);
+  return false;
 }
 
 bool TcpLink::progress() {

@@ -6,8 +6,18 @@
 #include <vector>
 
 #include "core/link.h"
+#include "core/types.h"
 
 namespace pyring {
+
+// The most bytes a blocked receiver of a slow link waits for before poll() wakes it
+// (SO_RCVLOWAT): a wake-up per packet, tens of thousands a second, would keep a core busy.
+constexpr size_t kWakeBytes = 64 << 10;
+
+// The longest expected wait worth polling for: a wake-up from poll() costs tens of
+// microseconds (about 40 on the machines measured), so polling longer than a few of them
+// trades a core for little latency.
+constexpr double kSpinForUs = 100;
 
 // A posted send: `done` of its `bytes` are handed to the kernel.
 struct TcpSend {
@@ -42,6 +52,11 @@ class TcpLink : public Link {
   bool wants_write() const override { return !sends_.empty(); }
   size_t connections() const override { return 1; }
   void check_peer() override {}
+  // True while the front receive's next piece is expected within spin_us and kSpinForUs,
+  // judged by how
+  // recent bytes arrived (reads needed times the time between reads), or when nothing is
+  // being received.
+  bool spin_worthwhile(int spin_us) override;
   void abort() override;
 
  private:
@@ -52,6 +67,10 @@ class TcpLink : public Link {
   };
   bool progress_send();
   bool progress_recv();
+  // Bytes the front receive needs before it can deliver its next piece (0: none posted).
+  size_t to_next_piece() const;
+  // Sets SO_RCVLOWAT to `bytes` (at least 1) unless it is already.
+  void wake_at(size_t bytes);
 
   int fd_;
   std::string host_;  // the peer's address, for errors
@@ -60,6 +79,13 @@ class TcpLink : public Link {
   std::deque<TcpSend> sends_;
   std::deque<Recv> recvs_;
   bool aborted_ = false;
+  // How bytes arrive, smoothed over recent reads: the time from the previous read (or from
+  // posting a receive to an empty queue) to a read, and the bytes a read returns. 0 until
+  // the first read.
+  double gap_us_ = 0;
+  double per_read_ = 0;
+  Clock::time_point since_{};
+  size_t wake_bytes_ = 1;  // the socket's SO_RCVLOWAT
 };
 
 }  // namespace pyring
