@@ -25,6 +25,7 @@ ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
 DEBUG_LEVELS = ("WARN", "INFO", "DETAIL")
 SHM_COPIES: tuple[str, ...] = tuple(_C.SHM_COPY_NAMES)  # index = the core's code
 MAX_SOCKET_NSTREAMS: int = _C.MAX_TCP_STREAMS
+START_METHODS = ("spawn", "forkserver")  # pyring.launch's ways to start rank processes
 _BEGIN, _END = "<!-- settings table: begin -->", "<!-- settings table: end -->"
 
 
@@ -180,6 +181,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PYRING_FLIGHT_RECORDER", "count, `0`", int(_C.DEFAULT_FLIGHT_ENTRIES),
             "collectives each rank's flight recorder keeps; `0` none",
             _count(0, None, "a count of collectives to keep, 0 for none")),
+    Setting("PYRING_START_METHOD", ", ".join(f"`{m}`" for m in START_METHODS), "spawn",
+            "how `pyring.launch` (the main job, `bench/`) starts local rank processes: "
+            "`forkserver` forks them from a server that imported torch and pyring once, so a "
+            "rank starts in milliseconds rather than seconds; quicker where many jobs start in "
+            "turn or ranks outnumber cores. The tests use it", _choice(START_METHODS)),
     Setting("PYRING_SIM_DEVICES", "count", int(_C.SIM_DEFAULT_DEVICES),
             "sim devices the sim runtime offers; the sim device is for tests only "
             "([GPUs](gpus.md))", for_tests=True),

@@ -145,7 +145,7 @@ class Communicator(PointToPoint):
                     raise ValueError("all_reduce: out shares memory with tensor; pass out=None "
                                      "to reduce in place")
                 self._on_device("all_reduce", [src, dst], ["tensor", "out"])
-                out.copy_(tensor)
+                out.copy_(tensor.reshape(out.shape))  # same count, any shape: as on fp32
                 tensor = out
             return self._all_reduce_wire(tensor, op, wire, state, 0, async_op, algo)
         src = view_of(tensor, "all_reduce", "tensor", writable=out is None, devices=True)

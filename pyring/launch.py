@@ -8,8 +8,11 @@ with each such rank's error and traceback.
 ``Ranks(world, fn, *args)`` starts the same processes and returns at once: the caller may kill
 a rank (``kill``), see which still run (``alive``, ``join``), collect the results as run_ranks
 does (``wait``), and ends every process with ``close`` (or by leaving its ``with`` block).
-With ``start_method="forkserver"`` the ranks are forked from a server that has imported
-``preload``: quick to start where many jobs start in turn.
+With ``start_method="forkserver"`` (or ``PYRING_START_METHOD=forkserver``) the ranks are forked
+from a server that has imported ``preload`` (torch and pyring unless given): a rank then starts
+in milliseconds instead of importing torch itself, which is quicker where many jobs start in
+turn or ranks outnumber cores. Either way a rank sees the launcher's environment as it is when
+the job starts, plus ``env``.
 A rank dies with the process that started it. By default the store is a TCPStore hosted here;
 ``store=(host, port, prefix)`` joins an existing one (torchrun's) under a key prefix instead,
 and ``ranks`` starts only some of the world's ranks here.
@@ -21,6 +24,7 @@ import ctypes
 import datetime
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import multiprocessing.reduction as mp_reduction
 import os
 import queue
 import signal
@@ -31,8 +35,11 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from . import _settings
+
 _PR_SET_PDEATHSIG = 1
-START_METHODS = ("spawn", "forkserver")
+START_METHODS = _settings.START_METHODS
+DEFAULT_PRELOAD = ("torch", "pyring")
 
 
 def _die_with_parent(parent: int, direct: bool) -> None:
@@ -57,6 +64,20 @@ def _watch_launcher() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _StdStreams:
+    """The launcher's file descriptors 1 and 2 as a job starts, pickled for a forked rank: a fork
+    server's own are those of the time it started (another job's, a finished test's capture)."""
+
+    def __reduce__(self) -> tuple:
+        return _redirect_std, (mp_reduction.DupFd(1), mp_reduction.DupFd(2))
+
+
+def _redirect_std(out: Any, err: Any) -> None:
+    for fd, target in ((out.detach(), 1), (err.detach(), 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
 def _child(
     fn: Callable,
     rank: int,
@@ -67,8 +88,13 @@ def _child(
     args: tuple,
     parent: tuple[int, bool],
     hard_exit: bool,
+    launcher_env: dict | None,
+    std: None,  # a forked rank's stdout and stderr became the launcher's as this unpickled
 ) -> None:
     _die_with_parent(*parent)
+    if launcher_env is not None:  # forked from a server started with an older environment
+        os.environ.clear()
+        os.environ.update(launcher_env)
     os.environ.update(env)
     try:
         host, port, prefix, joined = where
@@ -104,9 +130,10 @@ class RankFailure(AssertionError):
 class Ranks:
     """One job's rank processes, running from construction until `wait` or `close` ends them.
 
-    `start_method` is "spawn" or "forkserver"; `preload` names the modules the fork server
-    imports when it starts (this process's first forkserver job: later jobs reuse that server,
-    whatever their `preload`). The other arguments are run_ranks's. `pids` maps each started
+    `start_method` is "spawn" or "forkserver" (None: PYRING_START_METHOD's, default spawn);
+    `preload` names the modules the fork server imports when it starts (default
+    DEFAULT_PRELOAD; this process's first forkserver job starts the server, later jobs reuse
+    it whatever their `preload`). The other arguments are run_ranks's. `pids` maps each started
     rank to its process id."""
 
     def __init__(
@@ -118,14 +145,17 @@ class Ranks:
         ranks: list[int] | None = None,
         store: tuple[str, int, str] | None = None,
         hard_exit: bool = False,
-        start_method: str = "spawn",
+        start_method: str | None = None,
         preload: list[str] | None = None,
     ) -> None:
-        if start_method not in START_METHODS:
+        if start_method is None:
+            start_method = _settings.read("PYRING_START_METHOD")
+        elif start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
         ctx = mp.get_context(start_method)
-        if start_method == "forkserver" and preload:
-            ctx.set_forkserver_preload(list(preload))
+        forked = start_method == "forkserver"
+        if forked:
+            ctx.set_forkserver_preload(list(DEFAULT_PRELOAD if preload is None else preload))
         self.ranks = list(range(world)) if ranks is None else list(ranks)
         self._master = None
         if store is None:
@@ -141,12 +171,14 @@ class Ranks:
         else:
             where = (*store, True)
         self._results = ctx.Queue()
-        parent = (os.getpid(), start_method == "spawn")
+        parent = (os.getpid(), not forked)
+        launcher_env = dict(os.environ) if forked else None
         self._procs = {
             r: ctx.Process(
                 target=_child,
                 daemon=True,
-                args=(fn, r, world, where, env or {}, self._results, args, parent, hard_exit),
+                args=(fn, r, world, where, env or {}, self._results, args, parent, hard_exit,
+                      launcher_env, _StdStreams() if forked else None),
             )
             for r in self.ranks
         }
@@ -255,10 +287,13 @@ def run_ranks(
     ranks: list[int] | None = None,
     store: tuple[str, int, str] | None = None,
     hard_exit: bool = False,
+    start_method: str | None = None,
 ) -> list[Any]:
     """Returns each started rank's result (or, with allow_failures, (type, message) of its
     error; None for a rank that died without reporting), in the order of `ranks` (default:
-    every rank of `world`). With hard_exit, a rank's process ends with os._exit once its
-    result is sent: neither the objects fn left alive nor atexit handlers are torn down."""
-    with Ranks(world, fn, *args, env=env, ranks=ranks, store=store, hard_exit=hard_exit) as job:
+    every rank of `world`). `start_method` is Ranks's. With hard_exit, a rank's process ends
+    with os._exit once its result is sent: neither the objects fn left alive nor atexit
+    handlers are torn down."""
+    with Ranks(world, fn, *args, env=env, ranks=ranks, store=store, hard_exit=hard_exit,
+               start_method=start_method) as job:
         return job.wait(timeout, allow_failures)

@@ -4,6 +4,10 @@ import pytest
 
 # Every multi-process test runs under a short collective deadline unless it sets its own.
 os.environ.setdefault("PYRING_TIMEOUT", "60")
+# Rank processes fork from a server that has torch imported: the suite starts hundreds of them,
+# and each spawned one would import torch itself (seconds of a core). Tests that need spawn
+# ask for it by name.
+os.environ.setdefault("PYRING_START_METHOD", "forkserver")
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import pyring
-from pyring.launch import Ranks, run_ranks
+from pyring.launch import START_METHODS, Ranks, run_ranks
 
 
 @pytest.fixture()
@@ -175,9 +175,10 @@ def _rank_1_blocks(rank, world, store):
     return "done"
 
 
-def test_launcher_kills_one_rank_and_leaves_no_process():
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_launcher_kills_one_rank_and_leaves_no_process(start_method):
     start = time.monotonic()
-    with Ranks(2, _rank_1_blocks) as job:
+    with Ranks(2, _rank_1_blocks, start_method=start_method) as job:
         pids = list(job.pids.values())
         job.kill(1)
         res = job.wait(timeout=30, allow_failures=True)  # returns once rank 1 is seen dead
@@ -186,6 +187,31 @@ def test_launcher_kills_one_rank_and_leaves_no_process():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _environment(rank, world, store, names):
+    return {n: os.environ.get(n) for n in names}
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_ranks_see_the_launchers_environment_as_the_job_starts(start_method, monkeypatch):
+    # A fork server started by an earlier job has the environment of that time: the ranks it
+    # forks must see this one's, as spawned ranks do, whatever was set or removed since.
+    run_ranks(1, _environment, [], start_method=start_method)
+    monkeypatch.setenv("PYRING_TEST_ADDED", "added")
+    monkeypatch.delenv("PYRING_TIMEOUT", raising=False)
+    got = run_ranks(2, _environment, ["PYRING_TEST_ADDED", "PYRING_TIMEOUT", "PYRING_TEST_ENV"],
+                    env={"PYRING_TEST_ENV": "given"}, start_method=start_method)
+    want = {"PYRING_TEST_ADDED": "added", "PYRING_TIMEOUT": None, "PYRING_TEST_ENV": "given"}
+    assert got == [want, want], got
+
+
+def test_launcher_refuses_an_unknown_start_method(monkeypatch):
+    with pytest.raises(ValueError, match="start_method must be one of"):
+        run_ranks(1, _environment, [], start_method="fork")
+    monkeypatch.setenv("PYRING_START_METHOD", "fork")
+    with pytest.raises(ValueError, match="PYRING_START_METHOD='fork' is not valid"):
+        run_ranks(1, _environment, [])
 
 
 def _absent_peer(rank, world, store):

@@ -42,12 +42,22 @@ def _pending(rank, world, store):
     for w in works:
         w.wait()
     out["tails"] = [b[-2:].tolist() for b in bufs]
+    # out= of another shape with the same count, as the fp32 allreduce takes it.
+    shaped = []
+    for shape, out_shape in (((2, 3), (6,)), ((0, 0), (0,))):
+        t = torch.full(shape, float(rank + 1))
+        o = torch.empty(out_shape)
+        comm.all_reduce(t, op="sum", out=o, wire="fp16")
+        shaped.append((o.tolist(), t.reshape(-1).tolist()))
+    out["shaped"] = shaped
     comm.close()
     return out
 
 
 def test_async_wire_is_one_pending_collective():
     results = run_ranks(2, _pending, timeout=120)
+    for rank, res in enumerate(results):
+        assert res["shaped"] == [([3.0] * 6, [rank + 1.0] * 6), ([], [])], res["shaped"]
     for wire in ("bf16", "onebit"):
         returned, pending, value, same, entries = results[0][wire]
         assert returned < 0.25 and pending, (wire, returned, pending)
