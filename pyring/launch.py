@@ -118,8 +118,9 @@ def _child(
 
 class RankFailure(AssertionError):
     """Some ranks failed, died or were killed at the timeout: ``failures`` maps each such rank
-    to (kind, message, traceback or log tail); kind is the exception's type name, "Hang", or
-    "Exit" (pyring._emulate: a rank process that ended without a result)."""
+    to (kind, message, traceback or log tail); kind is the exception's type name, "Hang" (still
+    running at the timeout, then killed) or "Exit" (a rank process that ended without a
+    result)."""
 
     def __init__(self, failures: dict[int, tuple[str, str, str]], note: str = "") -> None:
         self.failures = failures
@@ -242,6 +243,7 @@ class Ranks:
         finally:
             for p in self._procs.values():
                 p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            hung = set(self.alive())
             self.close()
         if allow_failures:
             out = {r: got.get(r) for r in self.ranks}
@@ -251,10 +253,8 @@ class Ranks:
         for r in self.ranks:
             if r not in got and r not in failures:
                 failures[r] = (
-                    "Hang",
-                    f"no result within {timeout:.0f} s (exit code {self.exitcodes[r]})",
-                    "",
-                )
+                    ("Hang", f"no result within {timeout:g} s, killed", "") if r in hung else
+                    ("Exit", f"ended without a result (exit code {self.exitcodes[r]})", ""))
         if failures:
             raise RankFailure(dict(sorted(failures.items())))
         return [got[r] for r in self.ranks]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import pyring
-from pyring.launch import START_METHODS, Ranks, run_ranks
+from pyring.launch import START_METHODS, RankFailure, Ranks, run_ranks
 
 
 @pytest.fixture()
@@ -187,6 +187,22 @@ def test_launcher_kills_one_rank_and_leaves_no_process(start_method):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _exits_or_hangs(rank, world, store):
+    if rank == 0:
+        os._exit(7)
+    time.sleep(600)
+
+
+def test_launcher_names_a_rank_that_exited_and_one_that_hung():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(2, _exits_or_hangs, timeout=3)
+    assert time.monotonic() - start < 15
+    failures = info.value.failures
+    assert failures[0][:2] == ("Exit", "ended without a result (exit code 7)"), failures
+    assert failures[1][:2] == ("Hang", "no result within 3 s, killed"), failures
 
 
 def _environment(rank, world, store, names):
