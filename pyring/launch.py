@@ -64,21 +64,45 @@ def _watch_launcher() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _StdStreams:
-    """The launcher's file descriptors 1 and 2 as a job starts, pickled for a forked rank: a fork
-    server's own are those of the time it started (another job's, a finished test's capture)."""
+class _LauncherState:
+    """What a forked rank takes from the launcher as its job starts: fds 1 and 2 and the
+    environment. A fork server's own are those of the time it started (another job's, a
+    finished test's capture). Pickled first among the rank's arguments, so that it is in place
+    before fn's module is imported. The fds are looked at before the job opens anything, so
+    that a closed one is not mistaken for the job's own socket or pipe that took its number."""
+
+    def __init__(self) -> None:
+        self.open = [fd for fd in (1, 2) if _is_open(fd)]
+        self.environ = dict(os.environ)
 
     def __reduce__(self) -> tuple:
-        return _redirect_std, (mp_reduction.DupFd(1), mp_reduction.DupFd(2))
+        fds = tuple(mp_reduction.DupFd(fd) if fd in self.open else None for fd in (1, 2))
+        return _adopt, (*fds, self.environ)
 
 
-def _redirect_std(out: Any, err: Any) -> None:
-    for fd, target in ((out.detach(), 1), (err.detach(), 2)):
-        os.dup2(fd, target)
-        os.close(fd)
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _adopt(out: Any, err: Any, environ: dict) -> None:
+    """Makes this process's fds 1 and 2 and its environment the launcher's. Where the launcher
+    had an fd closed, this process's is left alone: its number may be one of the fork
+    server's own."""
+    for given, target in ((out, 1), (err, 2)):
+        if given is not None:
+            fd = given.detach()
+            os.dup2(fd, target)
+            os.close(fd)
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def _child(
+    launcher: None,  # a forked rank took the launcher's state (_LauncherState) as this unpickled
     fn: Callable,
     rank: int,
     world: int,
@@ -88,13 +112,8 @@ def _child(
     args: tuple,
     parent: tuple[int, bool],
     hard_exit: bool,
-    launcher_env: dict | None,
-    std: None,  # a forked rank's stdout and stderr became the launcher's as this unpickled
 ) -> None:
     _die_with_parent(*parent)
-    if launcher_env is not None:  # forked from a server started with an older environment
-        os.environ.clear()
-        os.environ.update(launcher_env)
     os.environ.update(env)
     try:
         host, port, prefix, joined = where
@@ -155,6 +174,7 @@ class Ranks:
             raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
         ctx = mp.get_context(start_method)
         forked = start_method == "forkserver"
+        launcher = _LauncherState() if forked else None
         if forked:
             ctx.set_forkserver_preload(list(DEFAULT_PRELOAD if preload is None else preload))
         self.ranks = list(range(world)) if ranks is None else list(ranks)
@@ -173,13 +193,12 @@ class Ranks:
             where = (*store, True)
         self._results = ctx.Queue()
         parent = (os.getpid(), not forked)
-        launcher_env = dict(os.environ) if forked else None
         self._procs = {
             r: ctx.Process(
                 target=_child,
                 daemon=True,
-                args=(fn, r, world, where, env or {}, self._results, args, parent, hard_exit,
-                      launcher_env, _StdStreams() if forked else None),
+                args=(launcher, fn, r, world, where, env or {}, self._results, args, parent,
+                      hard_exit),
             )
             for r in self.ranks
         }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -205,8 +207,13 @@ def test_launcher_names_a_rank_that_exited_and_one_that_hung():
     assert failures[1][:2] == ("Hang", "no result within 3 s, killed"), failures
 
 
+# What a rank process saw as it imported this module (a forked rank imports it after taking
+# the launcher's environment).
+_AT_IMPORT = os.environ.get("PYRING_TEST_ADDED")
+
+
 def _environment(rank, world, store, names):
-    return {n: os.environ.get(n) for n in names}
+    return {**{n: os.environ.get(n) for n in names}, "at import": _AT_IMPORT}
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
@@ -218,8 +225,36 @@ def test_ranks_see_the_launchers_environment_as_the_job_starts(start_method, mon
     monkeypatch.delenv("PYRING_TIMEOUT", raising=False)
     got = run_ranks(2, _environment, ["PYRING_TEST_ADDED", "PYRING_TIMEOUT", "PYRING_TEST_ENV"],
                     env={"PYRING_TEST_ENV": "given"}, start_method=start_method)
-    want = {"PYRING_TEST_ADDED": "added", "PYRING_TIMEOUT": None, "PYRING_TEST_ENV": "given"}
+    want = {"PYRING_TEST_ADDED": "added", "PYRING_TIMEOUT": None, "PYRING_TEST_ENV": "given",
+            "at import": "added"}
     assert got == [want, want], got
+
+
+_CLOSED_STDOUT = """
+import os, sys
+from pyring.launch import run_ranks
+
+def fn(rank, world, store):
+    print("to the closed stdout", flush=True)
+    print(f"rank {rank} on stderr", file=sys.stderr, flush=True)
+    return rank
+
+if __name__ == "__main__":
+    os.close(1)
+    got = run_ranks(2, fn, start_method=sys.argv[1])
+    print(f"results {got}", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_ranks_write_where_the_launcher_does_even_with_stdout_closed(start_method, tmp_path):
+    script = tmp_path / "closed_stdout.py"
+    script.write_text(_CLOSED_STDOUT)
+    proc = subprocess.run([sys.executable, str(script), start_method], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 on stderr" in proc.stderr and "rank 1 on stderr" in proc.stderr, proc.stderr
+    assert "results [0, 1]" in proc.stderr and proc.stdout == "", proc.stderr
 
 
 def test_launcher_refuses_an_unknown_start_method(monkeypatch):
