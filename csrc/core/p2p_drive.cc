@@ -137,9 +137,6 @@ void P2pEngine::park() {
   parked_ = unhelped_ = false;
 }
 
-// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
-// or by a thread driving to the end while the p2p thread is parked. Sockets are polled with
-// the eventfd callers write; shm links sleep on this rank's futex word after a last check.
 bool P2pEngine::spin_worthwhile_locked() {
   for (const auto& p : peers_) {
     if (p.link && p.broken.empty() && !p.link->spin_worthwhile(spin_us_)) return false;
@@ -147,6 +144,9 @@ bool P2pEngine::spin_worthwhile_locked() {
   return true;
 }
 
+// Sleeps until a link may move, a caller posts, or kMaxSleepMs pass. Called by the p2p thread,
+// or by a thread driving to the end while the p2p thread is parked. Sockets are polled with
+// the eventfd callers write; shm links sleep on this rank's futex word after a last check.
 void P2pEngine::block() {
   sleeping_.store(true);
   std::vector<pollfd> fds;

@@ -53,9 +53,8 @@ class TcpLink : public Link {
   size_t connections() const override { return 1; }
   void check_peer() override {}
   // True while the front receive's next piece is expected within spin_us and kSpinForUs,
-  // judged by how
-  // recent bytes arrived (reads needed times the time between reads), or when nothing is
-  // being received.
+  // judged by how recent bytes arrived (reads needed times the time between reads), or when
+  // nothing is being received.
   bool spin_worthwhile(int spin_us) override;
   void abort() override;
 
