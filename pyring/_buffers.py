@@ -59,9 +59,9 @@ def view_of(obj: Any, op: str, name: str, writable: bool = False,
     if isinstance(obj, _Tensor):
         code = _TORCH_CODES.get(obj.dtype)
         if code is None or obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
-            if devices and code is not None and obj.is_cuda and obj.layout is _STRIDED \
-                    and obj.is_contiguous():
-                return _devices.torch_cuda_view(obj, code, View)
+            if devices and code is not None and _devices.is_torch_device(obj) \
+                    and obj.layout is _STRIDED and obj.is_contiguous():
+                return _devices.torch_device_view(obj, code, View)
             _reject_torch(obj, op, name, code, devices)
         n = obj.numel()
         return _new_view(View, (obj.data_ptr(), n, code, n * _SIZES[code], None))
@@ -83,7 +83,7 @@ def _reject_torch(t: Any, op: str, name: str, code: int | None, devices: bool = 
         raise TypeError(f"{op}: {name} has unsupported dtype {t.dtype} (supported: {_VALID})")
     if t.layout != torch.strided:
         raise TypeError(f"{op}: {name} has layout {t.layout}; only dense (strided) tensors work")
-    if t.device.type != "cpu" and (not devices or t.device.type != "cuda"):
+    if t.device.type != "cpu" and (not devices or not _devices.is_torch_device(t)):
         takes = "CPU and CUDA tensors" if devices else "CPU tensors only"
         raise ValueError(f"{op}: {name} is on device {t.device}; {op} takes {takes}")
     raise ValueError(
@@ -121,8 +121,9 @@ def bytes_of(obj: Any, op: str, name: str, writable: bool = False,
     The view's dtype is that of the element type when pyring has it, else -1."""
     if isinstance(obj, _Tensor):
         if obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
-            if devices and obj.is_cuda and obj.layout is _STRIDED and obj.is_contiguous():
-                v = _devices.torch_cuda_view(obj, 0, View)
+            if devices and _devices.is_torch_device(obj) and obj.layout is _STRIDED \
+                    and obj.is_contiguous():
+                v = _devices.torch_device_view(obj, 0, View)
                 return v._replace(dtype=_TORCH_CODES.get(obj.dtype, -1),
                                   nbytes=obj.numel() * obj.element_size())
             _reject_torch(obj, op, name, 0, devices)

@@ -59,14 +59,30 @@ def is_device_object(obj: Any) -> bool:
             or type(obj).__name__ == "PyCapsule")
 
 
-def torch_cuda_view(t: Any, code: int, view: Any) -> Any:
-    """The device view of a contiguous CUDA tensor of dtype code ``code``."""
+def is_torch_device(t: Any) -> bool:
+    """A torch tensor on a device pyring takes: CUDA, or the test-only sim device
+    (pyring.testing.sim_torch registers it with torch as "sim")."""
+    return t.device.type in _TORCH_DEVICE_TYPES
+
+
+_TORCH_DEVICE_TYPES = (KIND_NAMES[CUDA], KIND_NAMES[SIM])
+
+
+def torch_device_view(t: Any, code: int, view: Any) -> Any:
+    """The device view of a contiguous CUDA (or sim) tensor of dtype code ``code``, ordered on
+    the caller's current stream of its device."""
     import torch
 
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(index).cuda_stream
+    if t.device.type == KIND_NAMES[SIM]:
+        from .testing import sim
+
+        index = t.device.index or 0
+        kind, stream = SIM, sim.current_stream(index).id
+    else:
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        kind, stream = CUDA, torch.cuda.current_stream(index).cuda_stream
     n = t.numel()
-    return view(t.data_ptr(), n, code, n * _SIZES[code], (CUDA, index, stream))
+    return view(t.data_ptr(), n, code, n * _SIZES[code], (kind, index, stream))
 
 
 def interface_view(obj: Any, op: str, name: str, writable: bool, view: Any) -> Any:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from . import _devices
 from .api import default
 from .compression import OneBitState, all_reduce_wire
 
@@ -71,7 +72,8 @@ class OneBitAdam(torch.optim.Optimizer):
         self._params = [p for g in self.param_groups for p in g["params"]]
         dev = self._params[0].device if self._params else torch.device("cpu")
         for i, p in enumerate(self._params):
-            if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
+            if p.dtype != torch.float32 or (p.device.type != "cpu"
+                                                 and not _devices.is_torch_device(p)):
                 raise ValueError(f"OneBitAdam: parameter {i} is {p.dtype} on {p.device}; it "
                                  f"takes float32 CPU or CUDA parameters")
             if p.device != dev:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_training import training_body
 
 from pyring import _C
 from pyring.launch import run_ranks
@@ -101,51 +102,19 @@ def test_cuda_array_interface_objects():
     assert run_ranks(2, cupy_body, timeout=300) == [3.0, 3.0]
 
 
-def training_body(rank, world, store, device):
-    import torch.distributed as dist
-
-    import pyring
-
-    torch.manual_seed(0)
-    dist.init_process_group("pyring", store=store, rank=rank, world_size=world)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-    net = net.to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(
-        net, device_ids=[0] if device == "cuda" else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(5):
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-        loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    ddp_params = [p.detach().cpu() for p in net.parameters()]
-    comm = pyring.init(rank, world, store, set_default=False)
-    net2 = torch.nn.Linear(16, 4).to(device)
-    torch.manual_seed(1)
-    for p in net2.parameters():
-        p.data.copy_(torch.randn(p.shape))
-    dopt = pyring.DistributedOptimizer(torch.optim.SGD(net2.parameters(), lr=0.1),
-                                       net2.named_parameters(), comm=comm)
-    ob = pyring.optim.OneBitAdam(net2.parameters(), lr=1e-3, freeze_step=2, comm=comm)
-    for step in range(4):
-        x = torch.randn(8, 16, generator=g).to(device)
-        loss = net2(x).square().mean()
-        dopt.zero_grad()
-        loss.backward()
-        (dopt if step < 2 else ob).step()
-    comm.close()
-    dist.destroy_process_group()
-    return ddp_params, [p.detach().cpu() for p in net2.parameters()]
-
-
-def test_ddp_optimizer_and_onebit_adam_match_cpu():
+def test_ddp_optimizer_hooks_and_onebit_adam_match_cpu():
+    """tests/device_training.py on the GPU against the CPU (the sim device runs it bit for bit
+    in CI: tests/test_sim_torch.py). The GPU's kernels sum in another order, and its one-bit
+    scales differ in the last bits, so the compressed runs get a wider tolerance."""
     cpu = run_ranks(2, training_body, "cpu", timeout=300)
     gpu = run_ranks(2, training_body, "cuda", timeout=300)
     for c, g in zip(cpu, gpu):
-        for a, b in zip(c[0] + c[1], g[0] + g[1]):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert c.keys() == g.keys()
+        for name in c:
+            tol = 1e-5 if name in ("ddp", "distributed_optimizer") else 1e-2
+            for a, b in zip(c[name], g[name]):
+                torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=tol,
+                                           atol=tol)
 
 
 def wire_body(rank, world, store):

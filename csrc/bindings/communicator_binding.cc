@@ -254,29 +254,7 @@ void register_communicator(py::module_& m) {
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
-            if (c.resident_on(da.device) && (a == Algo::kAuto || a == Algo::kRing)) {
-              return launch_resident(c, async_op, desc_of("all_reduce", vi, op), da,
-                                     [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
-                                       resident_allreduce(c, on_stream(vi, dev, s),
-                                                          on_stream(vo, dev, s), rop, d);
-                                     });
-            }
-            if (!da.device.is_cpu()) {
-              // Element-wise: each staged chunk is reduced on its own while its neighbours
-              // are copied.
-              return launch_staged(
-                  c, async_op, desc_of("all_reduce", vi, op), da,
-                  [&c, vi, vo, rop, a](DeviceQueue& q, uint64_t t, Deadline dl) {
-                    q.run_chunked(
-                        t, vi, vo,
-                        [&c, vi, rop, a](Deadline d, uint8_t* h, size_t, size_t n) {
-                          BufferView part = host_view(vi, h);
-                          part.count = n;
-                          allreduce(c, part, part, rop, a, d);
-                        },
-                        dl);
-                  });
-            }
+            if (!da.device.is_cpu()) return allreduce_on_device(c, async_op, vi, vo, rop, a, da);
             return launch(c, async_op, desc_of("all_reduce", vi, op),
                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
           },

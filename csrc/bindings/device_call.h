@@ -42,6 +42,13 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
 py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                            const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
 
+// all_reduce(vi -> vo) of device buffers on args.device: on the buffers themselves where the
+// communicator is resident there and the ring is allowed, else staged in chunks through the
+// host, each chunk reduced while its neighbours are copied.
+py::object allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
+                               const BufferView& vo, ReduceOp op, Algo algo,
+                               const DeviceArgs& args);
+
 // `v` on `device`, its kernels and copies queued on `stream`.
 BufferView on_stream(const BufferView& v, const Device& device, StreamId stream);
 

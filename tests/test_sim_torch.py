@@ -1,0 +1,109 @@
+"""torch tensors on the sim device (pyring.testing.sim_torch): the device paths of the drop-in
+optimizer, DDP through the backend, the DDP hooks and OneBitAdam, run in CI as a user runs them
+on CUDA tensors, against the same runs on the CPU. Every sim operation is delayed at random, so
+a missing stream wait shows as a wrong value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from device_training import training_body
+
+from pyring.launch import run_ranks
+
+_DELAY = {"PYRING_SIM_DELAY_US": "100"}
+
+
+def _torch_on_sim(rank, world, store):
+    from pyring.testing import sim_torch
+
+    sim_torch.enable()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    twin.load_state_dict(net.state_dict())
+    twin.to("sim:0")
+    assert all(p.device == torch.device("sim:0") for p in twin.parameters())
+    x = torch.randn(5, 4)
+    for model, inp in ((net, x), (twin, x.to("sim:0"))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            opt.zero_grad()
+            model(inp).square().mean().backward()
+            opt.step()
+    for a, b in zip(net.parameters(), twin.parameters()):
+        assert torch.equal(a, b.cpu())
+    z = torch.zeros(3, device="sim:0")
+    h = torch.arange(3.0)
+    z.copy_(h)  # a host source is read when the copy is queued
+    h.fill_(9.0)
+    z.add_(1.0)
+    assert z.tolist() == [1.0, 2.0, 3.0] and z.sum().item() == 6.0
+    big = torch.ones(1 << 16, device="sim:0")
+    big.resize_(1 << 17)  # growing keeps the old contents
+    assert big[: 1 << 16].sum().item() == float(1 << 16)
+    try:
+        z.add_(h)
+        return "mixed devices accepted"
+    except RuntimeError as e:
+        assert "sim:0" in str(e) and "cpu" in str(e), e
+    return "ok"
+
+
+def test_torch_runs_on_the_sim_device():
+    """Queued operations, autograd and host reads on sim tensors give the CPU's values."""
+    assert run_ranks(1, _torch_on_sim, env={"PYRING_SIM_DELAY_US": "50"}) == ["ok"]
+
+
+def _stream_order(rank, world, store):
+    import pyring
+    from pyring.testing import sim_torch
+
+    sim_torch.enable()
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        for n in (1, 1001, (1 << 18) + 3):
+            t = torch.full((n,), float(rank + 1), device="sim:0")
+            t.mul_(2)  # queued before the call: the collective must wait for it
+            comm.all_reduce(t)
+            t.add_(1)  # queued after: it must see the result
+            want = 2.0 * sum(range(1, world + 1)) + 1
+            if not bool((t == want).all()):
+                bad.append(f"sync n={n}: {t[:3].tolist()}")
+            # The only reference to the input goes with the call; the memory must not be
+            # reused before the collective ends.
+            w = comm.all_reduce(torch.full((n,), float(rank), device="sim:0"), async_op=True)
+            sim_torch.storage_bytes()  # frees what no tensor holds
+            for _ in range(3):
+                torch.full((n,), -7.0, device="sim:0")
+            w.wait()
+            if not bool((w.result() == float(sum(range(world)))).all()):
+                bad.append(f"async n={n}: {w.result()[:3].tolist()}")
+        mixed = torch.zeros(3, device="sim:0")
+        try:
+            comm.all_reduce(mixed, out=torch.zeros(3))
+            bad.append("mixed devices accepted")
+        except ValueError as e:
+            if "sim:0" not in str(e) or "cpu" not in str(e):
+                bad.append(f"mixed devices message: {e}")
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_stream_order_and_lifetime_on_sim_tensors(world):
+    assert run_ranks(world, _stream_order, env=_DELAY) == [[]] * world
+
+
+def test_training_on_sim_matches_cpu():
+    """Two ranks on one sim device: DDP on the pyring backend (plain and with the bf16 hook),
+    DistributedOptimizer and OneBitAdam end with the parameters (and one-bit residuals) of the
+    same runs on the CPU, bit for bit: the sim device runs the host's kernels."""
+    cpu = run_ranks(2, training_body, "cpu", timeout=300)
+    sim = run_ranks(2, training_body, "sim:0", env=_DELAY, timeout=300)
+    for rank, (c, s) in enumerate(zip(cpu, sim)):
+        assert c.keys() == s.keys()
+        for name in c:
+            assert len(c[name]) == len(s[name]) > 0, name
+            for a, b in zip(c[name], s[name]):
+                assert np.array_equal(a, b), (rank, name, float(np.abs(a - b).max()))
