@@ -22,7 +22,8 @@ def _params(net: torch.nn.Module) -> list:
 
 
 def training_body(rank, world, store, device, steps=4):
-    """{run name: final parameters as numpy arrays} of each way of training on ``device``."""
+    """{run name: final parameters as numpy arrays} of each way of training on ``device``, and
+    under "how" the communicator's device transport and the bytes its device links sent."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -36,12 +37,13 @@ def training_body(rank, world, store, device, steps=4):
     data = [(x.to(dev), y.to(dev)) for x, y in _batches(rank, steps)]
     out = {}
     dist.init_process_group("pyring", store=store, rank=rank, world_size=world)
-    hooks = {"ddp": None, "ddp-bf16-hook": pyring.hooks.bf16_compress_hook}
-    for name, hook in hooks.items():
+    hooks = {"ddp": (None, None), "ddp-bf16-hook": (None, pyring.hooks.bf16_compress_hook),
+             "ddp-onebit-hook": (pyring.hooks.OneBitHookState(), pyring.hooks.onebit_hook)}
+    for name, (state, hook) in hooks.items():
         net = _net(0).to(dev)
         ddp = DDP(net, device_ids=[0] if dev.type == "cuda" else None, bucket_cap_mb=0.001)
         if hook is not None:
-            ddp.register_comm_hook(None, hook)
+            ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for x, y in data:
             opt.zero_grad()
@@ -66,6 +68,17 @@ def training_body(rank, world, store, device, steps=4):
     out["onebit_adam"] = _params(net)
     out["onebit_adam_residuals"] = [v.cpu().numpy() for v in ob.onebit.state_dict().values()
                                     if v is not None]
+    net = _net(3).to(dev)
+    pa = pyring.PeriodicAveraging(torch.optim.Adam(net.parameters(), lr=1e-2), period=2,
+                                  warmup_steps=1, average_state=True, wire="bf16", comm=comm)
+    for x, y in data:
+        pa.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        pa.step()
+    out["periodic_averaging"] = _params(net)
+    links = comm.stats()["device_links"]
+    out["how"] = {"device_transport": comm._c.device_transport,
+                  "device_link_bytes": sum(v["bytes_sent"] for v in links.values())}
     comm.close()
     pyring.destroy()
     dist.destroy_process_group()

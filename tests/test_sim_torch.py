@@ -95,14 +95,24 @@ def test_stream_order_and_lifetime_on_sim_tensors(world):
     assert run_ranks(world, _stream_order, env=_DELAY) == [[]] * world
 
 
-def test_training_on_sim_matches_cpu():
-    """Two ranks on one sim device: DDP on the pyring backend (plain and with the bf16 hook),
-    DistributedOptimizer and OneBitAdam end with the parameters (and one-bit residuals) of the
-    same runs on the CPU, bit for bit: the sim device runs the host's kernels."""
+@pytest.mark.parametrize("bound", [False, True], ids=["staged", "cuda_ipc"])
+def test_training_on_sim_matches_cpu(bound):
+    """Two ranks on one sim device, staged through the host or bound to it (cuda_ipc): DDP on
+    the pyring backend (plain, with the bf16 hook and with the one-bit hook),
+    DistributedOptimizer, OneBitAdam and PeriodicAveraging end with the parameters (and one-bit
+    residuals) of the same runs on the CPU, bit for bit: the sim device runs the host's
+    kernels."""
     cpu = run_ranks(2, training_body, "cpu", timeout=300)
-    sim = run_ranks(2, training_body, "sim:0", env=_DELAY, timeout=300)
+    env = dict(_DELAY, PYRING_DEVICE="sim:0") if bound else _DELAY
+    sim = run_ranks(2, training_body, "sim:0", env=env, timeout=300)
     for rank, (c, s) in enumerate(zip(cpu, sim)):
         assert c.keys() == s.keys()
+        how = s.pop("how")
+        c.pop("how")
+        if bound:  # device to device: the host links carried headers only
+            assert how["device_transport"] == "cuda_ipc" and how["device_link_bytes"] > 0, how
+        else:
+            assert how == {"device_transport": None, "device_link_bytes": 0}, how
         for name in c:
             assert len(c[name]) == len(s[name]) > 0, name
             for a, b in zip(c[name], s[name]):
