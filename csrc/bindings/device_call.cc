@@ -78,15 +78,13 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
 }
 
 py::object allreduce_on_device(Communicator& c, bool async_op, const BufferView& vi,
-                               const BufferView& vo, ReduceOp rop, Algo a,
-                               const DeviceArgs& da) {
+                               const BufferView& vo, ReduceOp rop, Algo a, const DeviceArgs& da) {
   const CollectiveDesc desc = desc_of("all_reduce", vi, static_cast<int>(rop));
   if (c.resident_on(da.device) && (a == Algo::kAuto || a == Algo::kRing)) {
-    return launch_resident(c, async_op, desc, da,
-                           [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
-                             resident_allreduce(c, on_stream(vi, dev, s), on_stream(vo, dev, s),
-                                                rop, d);
-                           });
+    return launch_resident(
+        c, async_op, desc, da, [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
+          resident_allreduce(c, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);
+        });
   }
   return launch_staged(c, async_op, desc, da,
                        [&c, vi, vo, rop, a](DeviceQueue& q, uint64_t t, Deadline dl) {
