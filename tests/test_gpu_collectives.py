@@ -104,18 +104,22 @@ def test_cuda_array_interface_objects():
 
 def test_ddp_optimizer_hooks_and_onebit_adam_match_cpu():
     """tests/device_training.py on the GPU against the CPU (the sim device runs it bit for bit
-    in CI: tests/test_sim_torch.py). The GPU's kernels sum in another order, and its one-bit
-    scales differ in the last bits, so the compressed runs get a wider tolerance."""
+    in CI: tests/test_sim_torch.py). The GPU's kernels sum in another order: the full-precision
+    runs agree to 1e-5, the compressed ones to 1e-2, except that a one-bit value within
+    rounding of zero may take the other sign on the GPU, so one element in a thousand may
+    differ more."""
     cpu = run_ranks(2, training_body, "cpu", timeout=300)
     gpu = run_ranks(2, training_body, "cuda", timeout=300)
     for c, g in zip(cpu, gpu):
         assert c.keys() == g.keys()
         c.pop("how"), g.pop("how")
         for name in c:
-            tol = 1e-5 if name in ("ddp", "distributed_optimizer") else 1e-2
+            exact = name in ("ddp", "distributed_optimizer")
+            tol = 1e-5 if exact else 1e-2
             for a, b in zip(c[name], g[name]):
-                torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=tol,
-                                           atol=tol)
+                far = int((abs(a - b) > tol + tol * abs(a)).sum())
+                allowed = 0 if exact or "onebit" not in name else max(1, a.size // 1000)
+                assert far <= allowed, (name, far, a.size, float(abs(a - b).max()))
 
 
 def wire_body(rank, world, store):
