@@ -58,28 +58,17 @@ def test_torch_runs_on_the_sim_device():
 
 def _stream_order(rank, world, store):
     import pyring
-    from pyring.testing import sim_torch
+    from pyring.testing import sim, sim_torch
 
     sim_torch.enable()
     bad = []
     with pyring.init(rank, world, store, set_default=False) as comm:
-        for n in (1, 1001, (1 << 18) + 3):
-            t = torch.full((n,), float(rank + 1), device="sim:0")
-            t.mul_(2)  # queued before the call: the collective must wait for it
-            comm.all_reduce(t)
-            t.add_(1)  # queued after: it must see the result
-            want = 2.0 * sum(range(1, world + 1)) + 1
-            if not bool((t == want).all()):
-                bad.append(f"sync n={n}: {t[:3].tolist()}")
-            # The only reference to the input goes with the call; the memory must not be
-            # reused before the collective ends.
-            w = comm.all_reduce(torch.full((n,), float(rank), device="sim:0"), async_op=True)
-            sim_torch.storage_bytes()  # frees what no tensor holds
-            for _ in range(3):
-                torch.full((n,), -7.0, device="sim:0")
-            w.wait()
-            if not bool((w.result() == float(sum(range(world)))).all()):
-                bad.append(f"async n={n}: {w.result()[:3].tolist()}")
+        side = sim.SimStream(0)
+        for current in (sim.current_stream(0), side):  # the default stream, and a user's
+            with sim.stream(current):
+                bad += _ordered_calls(comm, world, current)
+        side.close()
+        sim_torch.storage_bytes()  # frees what the closed stream allocated
         mixed = torch.zeros(3, device="sim:0")
         try:
             comm.all_reduce(mixed, out=torch.zeros(3))
@@ -87,6 +76,30 @@ def _stream_order(rank, world, store):
         except ValueError as e:
             if "sim:0" not in str(e) or "cpu" not in str(e):
                 bad.append(f"mixed devices message: {e}")
+    return bad
+
+
+def _ordered_calls(comm, world, current):
+    from pyring.testing import sim_torch
+
+    bad = []
+    for n in (1, 1001, (1 << 18) + 3):
+        t = torch.full((n,), float(comm.rank + 1), device="sim:0")
+        t.mul_(2)  # queued before the call: the collective must wait for it
+        comm.all_reduce(t)
+        t.add_(1)  # queued after: it must see the result
+        want = 2.0 * sum(range(1, world + 1)) + 1
+        if not bool((t == want).all()):
+            bad.append(f"{current} sync n={n}: {t[:3].tolist()}")
+        # The only reference to the input goes with the call; the memory must not be reused
+        # before the collective ends.
+        w = comm.all_reduce(torch.full((n,), float(comm.rank), device="sim:0"), async_op=True)
+        sim_torch.storage_bytes()  # frees what no tensor holds
+        for _ in range(3):
+            torch.full((n,), -7.0, device="sim:0")
+        w.wait()
+        if not bool((w.result() == float(sum(range(world)))).all()):
+            bad.append(f"{current} async n={n}: {w.result()[:3].tolist()}")
     return bad
 
 

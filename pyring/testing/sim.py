@@ -30,6 +30,7 @@ class SimStream:
     def __init__(self, device: int = 0, id: int | None = None) -> None:
         self.device = device
         self._owned = id is None
+        self.closed = False  # close() drained and destroyed it
         self.id = _C.sim_create_stream(device) if id is None else id
 
     def launch(self, fn: Callable[[], Any]) -> None:
@@ -43,6 +44,7 @@ class SimStream:
         if self._owned:
             self._owned = False
             _C.sim_destroy_stream(self.device, self.id)
+            self.closed = True
 
     def __repr__(self) -> str:
         return f"<SimStream sim:{self.device} #{self.id}>"

@@ -14,7 +14,8 @@ The contract, as CUDA's:
 - A host tensor read by a queued operation is copied when the operation is queued, as a copy
   from pageable host memory is.
 - Memory is freed stream-ordered: once no tensor holds it, its free is queued on the stream
-  that allocated it, so work queued before on that stream still sees it. Work on another
+  that allocated it (at once if that stream was closed, which drained it), so work queued
+  before on that stream still sees it. Work on another
   stream must hold a reference (or the tensor's memory may be reused), exactly what
   ``record_stream`` guards against on a GPU.
 
@@ -134,7 +135,10 @@ def _sweep() -> None:
         _live[:] = keep
         _sweep_at[0] = max(64, 2 * len(keep))
     for _storage, index, ptr, stream in gone:
-        stream.launch(lambda index=index, ptr=ptr: _C.sim_free(index, ptr))
+        if stream.closed:  # drained when it closed: nothing queued on it can still read
+            _C.sim_free(index, ptr)
+        else:
+            stream.launch(lambda index=index, ptr=ptr: _C.sim_free(index, ptr))
 
 
 def _device_of(args: Any, kwargs: dict) -> int:
