@@ -19,7 +19,9 @@ The contract, as CUDA's:
   stream must hold a reference (or the tensor's memory may be reused), exactly what
   ``record_stream`` guards against on a GPU.
 
-Ops that take seeded randomness or return host values run at once, after a wait.
+Ops that take seeded randomness or return host values run at once, after a wait. Autograd
+runs backward on torch's device thread, whose current sim stream is the default one: train on
+the default stream (a user stream orders the collectives called under it, not backward).
 """
 
 from __future__ import annotations
