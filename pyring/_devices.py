@@ -59,13 +59,13 @@ def is_device_object(obj: Any) -> bool:
             or type(obj).__name__ == "PyCapsule")
 
 
+_TORCH_DEVICE_TYPES = (KIND_NAMES[CUDA], KIND_NAMES[SIM])
+
+
 def is_torch_device(t: Any) -> bool:
     """A torch tensor on a device pyring takes: CUDA, or the test-only sim device
     (pyring.testing.sim_torch registers it with torch as "sim")."""
     return t.device.type in _TORCH_DEVICE_TYPES
-
-
-_TORCH_DEVICE_TYPES = (KIND_NAMES[CUDA], KIND_NAMES[SIM])
 
 
 def torch_device_view(t: Any, code: int, view: Any) -> Any:
