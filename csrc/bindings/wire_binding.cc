@@ -66,10 +66,10 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
         const Algo a = algo < 0 ? c.options().algo : algo_from_int(algo);
         check_compressed(c, v, exact_tail, w, rop, state.get(), a);
         const DeviceArgs da = device_args(device);
-        const CollectiveDesc desc = desc_of("all_reduce", v, op);
         if (w == Wire::kFp32 && !da.device.is_cpu()) {  // no codec: the ordinary allreduce
           return allreduce_on_device(c, async_op, v, v, rop, a, da);
         }
+        const CollectiveDesc desc = desc_of("all_reduce", v, op);
         if (!da.device.is_cpu() && v.dtype != DType::kFloat64) {  // the codec on the device
           return launch_resident(c, async_op, desc, da,
                                  [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {

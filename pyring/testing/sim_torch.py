@@ -177,10 +177,19 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
-def _written(op: Any) -> list[int]:
-    """Indices of the arguments ``op`` writes (in-place self, out=)."""
-    return [i for i, a in enumerate(op._schema.arguments)
+def _targets(op: Any, args: Any, kwargs: dict) -> list[tuple[str, Any]]:
+    """(name, value) of each argument ``op`` writes (in-place self, out=), in schema order."""
+    named = dict(zip([a.name for a in op._schema.arguments], args))
+    named.update(kwargs)
+    return [(a.name, named.get(a.name)) for a in op._schema.arguments
             if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _returned(op: Any, targets: list[tuple[str, Any]]) -> Any:
+    """What an operation that wrote ``targets`` returns: the written tensor(s), or None."""
+    if not op._schema.returns:
+        return None
+    return targets[0][1] if len(targets) == 1 else tuple(t for _, t in targets)
 
 
 def _resize(t: torch.Tensor, size: Any) -> torch.Tensor:
@@ -207,8 +216,7 @@ def _resize(t: torch.Tensor, size: Any) -> torch.Tensor:
 
 def _resize_outputs(op: Any, args: Any, kwargs: dict, targets: list) -> None:
     """An out= operation resizes its outputs first (on a GPU, before its kernel is queued)."""
-    if not any(a.name.startswith("out") for a in op._schema.arguments if a.alias_info and
-               a.alias_info.is_write):
+    if not any(name.startswith("out") for name, _ in targets):
         return
     metas = tree_map(_to_meta, (args, kwargs))
     try:
@@ -217,11 +225,7 @@ def _resize_outputs(op: Any, args: Any, kwargs: dict, targets: list) -> None:
             op(*metas[0], **metas[1])
     except Exception:  # no meta kernel: the sizes stay as they are
         return
-    named = dict(zip([a.name for a in op._schema.arguments], metas[0]))
-    named.update(metas[1])
-    for a, t in zip([a for a in op._schema.arguments if a.alias_info and a.alias_info.is_write],
-                    targets):
-        m = named.get(a.name)
+    for (_, t), (_, m) in zip(targets, _targets(op, *metas)):
         if is_sim(t) and isinstance(m, torch.Tensor) and m.size() != t.size():
             _resize(t, m.size())
 
@@ -238,18 +242,15 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         return _fallback(_aten.copy_.default, args[1], args[0])
     index = _device_of(args, kwargs)
     stream = sim.current_stream(index)
-    written = _written(op)
-    named = dict(zip([a.name for a in op._schema.arguments], args))
-    named.update(kwargs)
-    targets = [named.get(op._schema.arguments[i].name) for i in written]
-    host_target = any(isinstance(t, torch.Tensor) and not is_sim(t) for t in targets)
+    targets = _targets(op, args, kwargs)
+    written = bool(targets)
+    host_target = any(isinstance(t, torch.Tensor) and not is_sim(t) for _, t in targets)
     seeded = torch.Tag.nondeterministic_seeded in op.tags
     if written and not host_target and not seeded:
         _resize_outputs(op, args, kwargs, targets)
         host_args, host_kwargs = tree_map(lambda x: _to_host(x, True), (args, kwargs))
         stream.launch(lambda: op(*host_args, **host_kwargs))
-        result = targets[0] if len(targets) == 1 else tuple(targets)
-        return result if op._schema.returns else None
+        return _returned(op, targets)
     meta = None
     if not written and not seeded:
         try:
@@ -276,8 +277,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     got = op(*tree_map(lambda x: _to_host(x, False), args),
              **tree_map(lambda x: _to_host(x, False), kwargs))
     if written:  # written through the aliases
-        result = targets[0] if len(targets) == 1 else tuple(targets)
-        return result if op._schema.returns else None
+        return _returned(op, targets)
     if wants_host:
         return got
 
