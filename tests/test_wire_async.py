@@ -142,6 +142,39 @@ def test_half_wires_pipelined_by_segment_are_exact():
         assert got == {"bf16": 0, "fp16": 0}, got
 
 
+def _segments_tcp(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    links = {comm.transport(p) for p in range(world) if p != rank}
+    assert links == {"tcp"}, links
+    out = {}
+    # Chunks of 4 fine segments (the last one short), of one, and uneven chunks of 40 segments
+    # capped at 16; with a short final call.
+    for n in (world * 100_003 + 2, world * 1000 + 1, world * 1_310_720 + 5, 7):
+        base = torch.arange(n) % 7
+        for wire in ("bf16", "fp16"):
+            x = (base + rank).to(torch.float32)
+            comm.all_reduce(x, op="sum", wire=wire)
+            want = (base * world + sum(range(world))).to(torch.float32)
+            out[(n, wire)] = int((x != want).sum())
+    comm.close()
+    return out
+
+
+def test_half_wires_over_the_network_are_pipelined_finely_and_exact():
+    from pyring import _C
+
+    shm = 4.9e9
+    tcp = 1e9
+    # A 1 MiB DDP bucket at 2 ranks: one segment per chunk over shared memory, 5 over tcp.
+    assert _C._half_segments(131_584, shm) == 1
+    assert _C._half_segments(131_584, tcp) == 5
+    assert _C._half_segments(3 << 20, shm) == 3
+    assert _C._half_segments(3 << 20, tcp) == 16  # capped
+    assert _C._half_segments(1, tcp) == 1 and _C._half_segments(0, tcp) == 1
+    for got in run_ranks(3, _segments_tcp, env={"PYRING_TRANSPORT": "tcp"}, timeout=300):
+        assert set(got.values()) == {0}, got
+
+
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
     base, extra = divmod(n, parts)
     out, off = [], 0

@@ -6,6 +6,7 @@
 #include "bindings/bindings.h"
 #include "bindings/device_call.h"
 #include "collectives/compressed.h"
+#include "collectives/compressed_half.h"
 #include "core/errors.h"
 
 namespace pyring::bindings {
@@ -28,6 +29,8 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
   py::list names;
   for (int w = 0; w < kNumWires; ++w) names.append(wire_name(static_cast<Wire>(w)));
   m.attr("WIRE_NAMES") = py::tuple(names);
+  m.def("_half_segments", &half_segments, py::arg("widest"), py::arg("slowest_bytes_per_s"),
+        "Segments per chunk of the fp16/bf16 wires (collectives/compressed_half.h).");
   py::class_<WireState, std::shared_ptr<WireState>>(m, "WireState")
       .def(py::init<>())
       .def_property_readonly("empty",

@@ -1,5 +1,7 @@
 #include "collectives/compressed_half.h"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 
 #include "collectives/driver.h"
@@ -36,6 +38,14 @@ size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
   return 2 * n;
 }
 
+size_t half_segments(size_t widest, double slowest_bytes_per_s) {
+  auto ceil_div = [](size_t a, size_t b) { return (a + b - 1) / b; };
+  if (slowest_bytes_per_s >= kHalfFineBelowBytesPerS) {
+    return std::max<size_t>(1, ceil_div(widest, kHalfSegmentElems));
+  }
+  return std::clamp<size_t>(ceil_div(widest, kHalfFineSegmentElems), 1, kHalfFineSegments);
+}
+
 void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
                const std::vector<int>& parts, int me, Wire wire, float alpha, Deadline deadline) {
   const size_t P = parts.size(), m = static_cast<size_t>(me);
@@ -44,7 +54,15 @@ void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   // Every chunk is cut into the same number of segments, so that a segment index means the
   // same thing on every rank.
   const size_t widest = ch.size(0);
-  const size_t S = widest == 0 ? 1 : (widest + kHalfSegmentElems - 1) / kHalfSegmentElems;
+  // The slowest link of any pair, not only this rank's: every rank must get the same S.
+  double slowest = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < P; ++i) {
+    for (size_t j = i + 1; j < P; ++j) {
+      const int c = comm.link_class(parts[i], parts[j]);
+      slowest = std::min(slowest, comm.options().links[c].bytes_per_s);
+    }
+  }
+  const size_t S = half_segments(widest, slowest);
   auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
   uint8_t* send = codec.wire(2 * n);        // chunk j at 2 * offset(j)
   uint8_t* recv = codec.wire(2 * P * own);  // copy i of the owned chunk at 2 * i * own

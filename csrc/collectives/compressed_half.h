@@ -1,6 +1,6 @@
 // The fp16 and bf16 wires of the compressed allreduce (compressed.h): their codec, and the flat
-// schedule pipelined by segment. Each chunk is cut into segments of kHalfSegmentElems; a
-// segment is encoded and sent while the ones before it travel, the owner decodes and adds a
+// schedule pipelined by segment. Each chunk is cut into half_segments() segments; a segment is
+// encoded and sent while the ones before it travel, the owner decodes and adds a
 // segment's copies as soon as they are in, encodes the result and sends it on at once, and
 // every rank decodes each returning segment as it lands. The p2p thread moves the bytes.
 #pragma once
@@ -14,7 +14,20 @@
 
 namespace pyring {
 
+// Segments over fast links (shared memory): kHalfSegmentElems each. Each extra segment costs
+// a cross-thread wake-up there, and one chunk in a segment was measured fastest up to 4 MiB.
 constexpr size_t kHalfSegmentElems = size_t{1} << 20;
+// Over a link the link model rates below kHalfFineBelowBytesPerS (the network): segments of
+// kHalfFineSegmentElems, at most kHalfFineSegments per chunk. The owner then sends a
+// segment's sum back while later segments still arrive, so the link does not idle while it
+// waits for a whole chunk: a 1 MiB DDP bucket is 4 segments, not 1.
+constexpr double kHalfFineBelowBytesPerS = 2e9;
+constexpr size_t kHalfFineSegmentElems = size_t{1} << 15;
+constexpr size_t kHalfFineSegments = 16;
+
+// The number of segments of every chunk when the widest holds `widest` values and the slowest
+// link of the call's ranks is rated `slowest_bytes_per_s`.
+size_t half_segments(size_t widest, double slowest_bytes_per_s);
 
 // out = alpha * decoded 16-bit values (or out += with accumulate), in one pass.
 void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out);
