@@ -25,7 +25,7 @@ void warn_at_half(const Deadline& d, Link* const* links, size_t n) {
   std::fprintf(stderr,
                "[pyring WARN] %s: half of the deadline has passed (%.1f s left), "
                "still waiting: %s\n",
-               d.what->c_str(), left, pending.c_str());
+               (*d.what)().c_str(), left, pending.c_str());
 }
 }  // namespace
 

@@ -187,7 +187,10 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
   ++seq_;
   entered_seq_.store(seq_, std::memory_order_relaxed);
   recorder_.begin(seq_, desc);
-  const std::string what = str_cat(desc.str(), " (#", seq_, ") on rank ", rank_, "/", size_);
+  const uint64_t seq = seq_;
+  const std::function<std::string()> what = [&desc, seq, this] {
+    return str_cat(desc.str(), " (#", seq, ") on rank ", rank_, "/", size_);
+  };
   bool warned = false;
   Deadline deadline = Deadline::after(options_.timeout_s);
   deadline.half = deadline.at - (deadline.at - Clock::now()) / 2;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace pyring {
@@ -64,9 +65,10 @@ struct Deadline {
   Clock::time_point at;
   // A collective's deadline (Communicator::execute) also says what waits on it, so that a wait
   // still pending at `half` warns once (collectives/driver.h). Both pointers live as long as
-  // the collective runs; null elsewhere.
+  // the collective runs; null elsewhere. `what` formats the collective's description when
+  // called: only a warning pays for it, not every call.
   Clock::time_point half{};
-  const std::string* what = nullptr;
+  const std::function<std::string()>* what = nullptr;
   bool* warned = nullptr;
 
   static Deadline after(double seconds) {
