@@ -20,7 +20,7 @@ constexpr size_t kHalfSegmentElems = size_t{1} << 20;
 // Over a link the link model rates below kHalfFineBelowBytesPerS (the network): segments of
 // kHalfFineSegmentElems, at most kHalfFineSegments per chunk. The owner then sends a
 // segment's sum back while later segments still arrive, so the link does not idle while it
-// waits for a whole chunk: a 1 MiB DDP bucket is 4 segments, not 1.
+// waits for a whole chunk: a 1 MiB DDP bucket at 2 ranks is 5 segments per chunk, not 1.
 constexpr double kHalfFineBelowBytesPerS = 2e9;
 constexpr size_t kHalfFineSegmentElems = size_t{1} << 15;
 constexpr size_t kHalfFineSegments = 16;
