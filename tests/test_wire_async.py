@@ -143,19 +143,14 @@ def test_half_wires_pipelined_by_segment_are_exact():
 
 
 def _segments_tcp(rank, world, store):
+    from half_sums import half_sum_errors
+
     comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
     links = {comm.transport(p) for p in range(world) if p != rank}
     assert links == {"tcp"}, links
-    out = {}
     # Chunks of 4 fine segments (the last one short), of one, and uneven chunks of 40 segments
     # capped at 16; with a short final call.
-    for n in (world * 100_003 + 2, world * 1000 + 1, world * 1_310_720 + 5, 7):
-        base = torch.arange(n) % 7
-        for wire in ("bf16", "fp16"):
-            x = (base + rank).to(torch.float32)
-            comm.all_reduce(x, op="sum", wire=wire)
-            want = (base * world + sum(range(world))).to(torch.float32)
-            out[(n, wire)] = int((x != want).sum())
+    out = half_sum_errors(comm, (world * 100_003 + 2, world * 1000 + 1, world * 1_310_720 + 5, 7))
     comm.close()
     return out
 

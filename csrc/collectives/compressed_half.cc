@@ -1,11 +1,11 @@
 #include "collectives/compressed_half.h"
 
 #include <algorithm>
-#include <limits>
 #include <memory>
 
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
+#include "collectives/selector.h"
 #include "kernels/half.h"
 #include "kernels/wire_cast.h"
 
@@ -54,14 +54,8 @@ void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   // Every chunk is cut into the same number of segments, so that a segment index means the
   // same thing on every rank.
   const size_t widest = ch.size(0);
-  // The slowest link of any pair, not only this rank's: every rank must get the same S.
-  double slowest = std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < P; ++i) {
-    for (size_t j = i + 1; j < P; ++j) {
-      const int c = comm.link_class(parts[i], parts[j]);
-      slowest = std::min(slowest, comm.options().links[c].bytes_per_s);
-    }
-  }
+  const double slowest = P < 2 ? kHalfFineBelowBytesPerS
+                               : comm.options().links[slowest_class(comm, parts)].bytes_per_s;
   const size_t S = half_segments(widest, slowest);
   auto seg = [&](size_t j) { return Chunks{ch.size(j), S}; };
   uint8_t* send = codec.wire(2 * n);        // chunk j at 2 * offset(j)

@@ -10,21 +10,14 @@ namespace pyring {
 
 namespace {
 
-// The class of the links a team of `component` crosses: the slowest (highest) class between
-// the first member of a node at that component and the others.
+// The class of the links a team of `component` crosses: the slowest of its nodes' classes.
 int component_class(const Communicator& comm, int component) {
   const Topology& t = comm.topology();
-  const int D = t.levels();
-  auto slowest = [&](const std::vector<int>& g) {
-    int c = 0;
-    for (int r : g) {
-      if (r != g.front()) c = std::max(c, comm.link_class(g.front(), r));
-    }
-    return c;
-  };
-  if (component >= D) return slowest(comm.ring_order());
+  if (component >= t.levels()) return slowest_class(comm, comm.ring_order());
   int c = 0;
-  for (const auto& g : t.groups[static_cast<size_t>(component)]) c = std::max(c, slowest(g));
+  for (const auto& g : t.groups[static_cast<size_t>(component)]) {
+    c = std::max(c, slowest_class(comm, g));
+  }
   return c;
 }
 
@@ -33,6 +26,14 @@ double steps(const LinkModel& m, double count, double bytes_each) {
 }
 
 }  // namespace
+
+int slowest_class(const Communicator& comm, const std::vector<int>& ranks) {
+  int c = 0;
+  for (int r : ranks) {
+    if (r != ranks.front()) c = std::max(c, comm.link_class(ranks.front(), r));
+  }
+  return c;
+}
 
 std::string human_bytes(size_t bytes) {
   char buf[32];

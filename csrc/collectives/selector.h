@@ -21,6 +21,10 @@ struct Estimate {
   double tree_s = 0;
 };
 
+// The slowest (highest) link class between the first of `ranks` and the others: the class
+// every rank of the list computes alike. 0 for fewer than two ranks.
+int slowest_class(const Communicator& comm, const std::vector<int>& ranks);
+
 // Estimated allreduce times of each algorithm for `bytes` on this communicator.
 Estimate estimate_allreduce(const Communicator& comm, size_t bytes);
 

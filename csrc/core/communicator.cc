@@ -187,9 +187,9 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
   ++seq_;
   entered_seq_.store(seq_, std::memory_order_relaxed);
   recorder_.begin(seq_, desc);
-  const uint64_t seq = seq_;
-  const std::function<std::string()> what = [&desc, seq, this] {
-    return str_cat(desc.str(), " (#", seq, ") on rank ", rank_, "/", size_);
+  // Two pointers: held in std::function's own storage, no allocation per call.
+  const std::function<std::string()> what = [this, &desc] {
+    return str_cat(desc.str(), " (#", seq_, ") on rank ", rank_, "/", size_);
   };
   bool warned = false;
   Deadline deadline = Deadline::after(options_.timeout_s);
