@@ -131,6 +131,33 @@ def test_mask_cache_out_of_step_is_refused():
         _decode(_encode(x, None), 6)
 
 
+@pytest.mark.parametrize("n", [1, 9, 4097, 100_003])
+def test_deferred_residual_gives_the_same_bytes_and_residual(n):
+    rng = np.random.default_rng(n)
+    eager = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    deferred, pending = eager.copy(), np.zeros(1, np.float32)
+    for step in range(4):
+        x = rng.standard_normal(n).astype(np.float32)
+        x[::5] = 0.0
+        if step == 2:
+            x[:] = 0.0
+            eager[:] = 0.0  # the whole segment exactly zero: scale 0
+            _C.onebit_settle(deferred.ctypes.data, n, pending.ctypes.data)
+            deferred[:] = 0.0
+        want = _encode(x, eager)
+        out = np.zeros(_C.onebit_max_bytes(n), np.uint8)
+        got = _C.onebit_encode_deferred(x.ctypes.data, deferred.ctypes.data,
+                                        pending.ctypes.data, n, out.ctypes.data, 0)
+        np.testing.assert_array_equal(out[:got], want)
+        # Unsettled, the residual holds the value encoded; the scale waits in pending.
+        assert pending[0] == np.frombuffer(want[:4].tobytes(), np.float32)[0]
+        settled = deferred.copy()
+        p = pending.copy()
+        _C.onebit_settle(settled.ctypes.data, n, p.ctypes.data)
+        assert p[0] == 0.0
+        np.testing.assert_array_equal(settled, eager)
+
+
 _SIMD_SCRIPT = """
 import pickle, sys
 import numpy as np
@@ -147,6 +174,14 @@ for n in (1, 7, 8, 9, 4095, 4096, 4097, 100003):
     dec = rng.standard_normal(n).astype(np.float32)
     _C.onebit_decode(enc.ctypes.data, n, 0.5, True, dec.ctypes.data, 0)
     out.append((enc[:b].tobytes(), r.tobytes(), dec.tobytes()))
+    # Deferred: two encodings, the second settling the first's residual in its sweep.
+    d, p = (rng.standard_normal(n) * 0.1).astype(np.float32), np.zeros(1, np.float32)
+    for _ in range(2):
+        b = _C.onebit_encode_deferred(x.ctypes.data, d.ctypes.data, p.ctypes.data, n,
+                                      enc.ctypes.data, 0)
+        out.append((enc[:b].tobytes(), d.tobytes(), p.tobytes()))
+    _C.onebit_settle(d.ctypes.data, n, p.ctypes.data)
+    out.append((d.tobytes(), p.tobytes()))
 sys.stdout.buffer.write(pickle.dumps(out))
 """
 

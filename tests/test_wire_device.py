@@ -98,6 +98,17 @@ def test_device_codec_on_bfloat16_buffers():
         assert out["bf16/avg"][0] <= 5e-2, out
 
 
+def _segments(rank, world, store):
+    # Three onebit segments per chunk: the host keeps each segment's residual
+    # deferred (kernels/onebit.h) with its own scale, the device settles it in the call.
+    return _on_both(rank, world, store, 2 * (1 << 20) * world + 2 * 4099 + 1, ("onebit",),
+                    ("avg",), torch.float32, steps=3, tail=1)
+
+
+def test_device_codec_matches_the_host_over_several_segments():
+    _check(run_ranks(2, _segments, env=_DELAY, timeout=300), half_avg_tol=0.0)
+
+
 def _hierarchical(rank, world, store):
     return _on_both(rank, world, store, 30_001, ("onebit", "fp16"), ("sum",), torch.float32,
                     steps=2, tail=2, topology="0,1;2,3")

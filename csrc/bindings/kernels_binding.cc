@@ -57,6 +57,30 @@ void register_kernels(py::module_& m) {
       "Encodes n float32 at inp (+ residual, 0: none) into out, with the encoder's mask cache "
       "(0: none); returns the bytes written.");
   m.def(
+      "onebit_encode_deferred",
+      [](uintptr_t in, uintptr_t residual, uintptr_t pending, size_t n, uintptr_t out,
+         uintptr_t cache) {
+        PYRING_CHECK_ARG(residual != 0 && pending != 0,
+                         "onebit_encode_deferred: residual and pending are required");
+        py::gil_scoped_release nogil;
+        return onebit_encode_deferred(
+            reinterpret_cast<const float*>(in), reinterpret_cast<float*>(residual),
+            reinterpret_cast<float*>(pending), n, reinterpret_cast<uint8_t*>(out),
+            reinterpret_cast<uint8_t*>(cache));
+      },
+      py::arg("inp"), py::arg("residual"), py::arg("pending"), py::arg("n"), py::arg("out"),
+      py::arg("cache") = 0,
+      "onebit_encode with the residual deferred: it holds the last value encoded, with that "
+      "encoding's scale in the float32 at pending (0: settled); returns the bytes written.");
+  m.def(
+      "onebit_settle",
+      [](uintptr_t residual, size_t n, uintptr_t pending) {
+        py::gil_scoped_release nogil;
+        onebit_settle(reinterpret_cast<float*>(residual), n, reinterpret_cast<float*>(pending));
+      },
+      py::arg("residual"), py::arg("n"), py::arg("pending"),
+      "Settles a deferred residual: v - decode(v), and the float32 at pending 0.");
+  m.def(
       "onebit_decode",
       [](uintptr_t encoded, size_t n, float alpha, bool accumulate, uintptr_t out,
          uintptr_t cache) {

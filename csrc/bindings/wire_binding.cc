@@ -45,7 +45,7 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
             return py::make_tuple(to_array(s.worker), to_array(s.server), to_array(s.masks));
           },
           "(worker, server, masks) copied out as numpy arrays (from the device, where they "
-          "are); empty before first use.")
+          "are), the residuals settled; empty before first use.")
       .def(
           "set",
           [](WireState& s, const py::array_t<float, py::array::c_style | py::array::forcecast>& w,
@@ -55,6 +55,7 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
             s.worker = from_array(w);
             s.server = from_array(sv);
             s.masks = from_array(mk);
+            s.pending.clear();  // settled residuals
           },
           py::arg("worker"), py::arg("server"), py::arg("masks"),
           "Restores a state; the next call checks it fits its tensor.");

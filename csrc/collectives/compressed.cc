@@ -104,7 +104,14 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   float* acc = codec.on_device() ? codec.values(ch.size(m)) : nullptr;  // the owner's sum
   const std::shared_ptr<DeviceQueue> queue =
       codec.on_device() ? comm.device_queue(codec.site().device) : nullptr;
-  const auto [worker, server] = state->residuals(queue);
+  const WireState::Residuals resid = state->residuals(queue);
+  float* const worker = resid.worker;
+  float* const server = resid.server;
+  // The deferred scale of worker segment q (= j * S + s) and server segment s; null on a device.
+  auto worker_pending = [&](size_t q) { return resid.pending ? resid.pending + q : nullptr; };
+  auto server_pending = [&](size_t s) {
+    return resid.pending ? resid.pending + P * S + s : nullptr;
+  };
   std::vector<uint64_t> out_size(P * S), in_size(P * S), res_size(S), back_size(P * S);
   auto span = [](void* p, size_t bytes) { return Span{static_cast<uint8_t*>(p), bytes}; };
   auto make = [&](int lane) {
@@ -131,8 +138,8 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
     for (size_t k = 1; k <= P; ++k) {
       const size_t j = (m + k) % P, q = j * S + s;
       const size_t off = ch.offset(j) + seg(j).offset(s);
-      out_size[q] =
-          codec.onebit_encode(x + off, worker + off, seg(j).size(s), send + out.at[q], c.enc[q]);
+      out_size[q] = codec.onebit_encode(x + off, worker + off, worker_pending(q), seg(j).size(s),
+                                        send + out.at[q], c.enc[q]);
       if (j == m) continue;
       sizes_up[s]->send(parts[j], span(&out_size[q], sizeof(uint64_t)));
       up[s]->send(parts[j], span(send + out.at[q], out_size[q]));
@@ -153,9 +160,9 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
       caches[i] = c.recv[i * S + s];
       local[i] = i == m;
     }
-    res_size[s] = codec.onebit_reduce_encode(copies.data(), local, caches.data(), mine.size(s),
-                                             alpha, server + mine.offset(s), result + res.at[s],
-                                             c.server[s], acc ? acc + mine.offset(s) : nullptr);
+    res_size[s] = codec.onebit_reduce_encode(
+        copies.data(), local, caches.data(), mine.size(s), alpha, server + mine.offset(s),
+        server_pending(s), result + res.at[s], c.server[s], acc ? acc + mine.offset(s) : nullptr);
     for (size_t i = 0; i < P; ++i) {
       if (i == m) continue;
       sizes_down[s]->send(parts[i], span(&res_size[s], sizeof(uint64_t)));
@@ -274,14 +281,32 @@ void WireState::drop_device() noexcept {
 }
 
 void WireState::to_host() {
-  if (!queue_) return;
-  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
-  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
-  device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
-  drop_device();
+  if (queue_) {
+    queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
+    queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
+    device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
+    drop_device();
+  }
+  settle();
 }
 
-std::pair<float*, float*> WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
+void WireState::settle() {
+  if (pending.empty()) return;
+  const size_t P = static_cast<size_t>(participants_), S = segments_of(n_, P);
+  const Chunks ch{n_, P};
+  for (size_t j = 0; j < P; ++j) {
+    const Chunks seg{ch.size(j), S};
+    for (size_t s = 0; s < S; ++s) {
+      onebit_settle(worker.data() + ch.offset(j) + seg.offset(s), seg.size(s), &pending[j * S + s]);
+    }
+  }
+  const Chunks mine{ch.size(static_cast<size_t>(index_)), S};
+  for (size_t s = 0; s < S; ++s) {
+    onebit_settle(server.data() + mine.offset(s), mine.size(s), &pending[P * S + s]);
+  }
+}
+
+WireState::Residuals WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
   if (queue_ != queue) {
     to_host();
     if (queue) {
@@ -294,25 +319,36 @@ std::pair<float*, float*> WireState::residuals(const std::shared_ptr<DeviceQueue
       queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(float));
     }
   }
-  if (queue_) return {device_, device_ + worker.size()};
-  return {worker.data(), server.data()};
+  if (queue_) return {device_, device_ + worker.size(), nullptr};
+  return {worker.data(), server.data(), pending.data()};
 }
 
 void WireState::bind(size_t n, int participants, int index) {
   const size_t own = Chunks{n, static_cast<size_t>(participants)}.size(static_cast<size_t>(index));
   const size_t masks_n = mask_bytes(n, participants, index);
+  const size_t P = static_cast<size_t>(participants);
+  const size_t scales = (P + 1) * segments_of(n, P);
   if (worker.empty() && server.empty() && masks.empty()) {
     worker.assign(n, 0.0f);
     server.assign(own, 0.0f);
     masks.assign(masks_n, 0);
-    return;
+  } else {
+    if (masks.empty()) masks.assign(masks_n, 0);  // restored from a state saved without caches
+    PYRING_CHECK_ARG(worker.size() == n && server.size() == own && masks.size() == masks_n,
+                     "OneBitState holds residuals for ", worker.size(), " elements (server chunk ",
+                     server.size(), ", ", masks.size(), " bytes of mask caches); this tensor has ",
+                     n, " on ", participants, " participants (chunk ", own, ", ", masks_n,
+                     " bytes): use one state per bucket");
   }
-  if (masks.empty()) masks.assign(masks_n, 0);  // restored from a state saved without caches
-  PYRING_CHECK_ARG(worker.size() == n && server.size() == own && masks.size() == masks_n,
-                   "OneBitState holds residuals for ", worker.size(), " elements (server chunk ",
-                   server.size(), ", ", masks.size(), " bytes of mask caches); this tensor has ", n,
-                   " on ", participants, " participants (chunk ", own, ", ", masks_n,
-                   " bytes): use one state per bucket");
+  if (n != n_ || participants != participants_ || index != index_) {
+    // Deferred scales are laid out by the shape they were deferred in (the sizes checked
+    // above keep that in bounds); on a device there are none.
+    if (!queue_) settle();
+    n_ = n;
+    participants_ = participants;
+    index_ = index;
+  }
+  if (pending.size() != scales) pending.assign(scales, 0.0f);  // settled above, or restored
 }
 
 void check_compressed(const Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,

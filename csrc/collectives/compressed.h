@@ -39,21 +39,34 @@ Wire wire_from_int(int v);  // throws InvalidArgument naming the valid wires
 // enc[P] (chunk sizes), recv[P] (own chunk), server (own chunk), gather[P] (chunk sizes).
 // Sized at first use for (n, participants, index); any other shape is refused. The residuals
 // live where the bucket does: a call on a device moves them there, and the host vectors are
-// then stale until to_host(). The mask caches stay on the host.
+// then stale until to_host(). The mask caches stay on the host. On the host the residuals are
+// deferred (kernels/onebit.h): each segment's holds the value it last encoded, with that
+// encoding's scale in `pending` (worker segments [j * S + s], then server segments [s]);
+// to_host() settles them.
 struct WireState {
   std::vector<float> worker;   // n
   std::vector<float> server;   // the owned chunk
   std::vector<uint8_t> masks;  // the mask caches
+  std::vector<float> pending;  // the deferred scales; empty or all 0: settled
+
+  // Where a call's residuals are: on the host with their deferred scales, or on a device
+  // (pending null).
+  struct Residuals {
+    float* worker;
+    float* server;
+    float* pending;
+  };
 
   WireState() = default;
   ~WireState();
   WireState(const WireState&) = delete;
   WireState& operator=(const WireState&) = delete;
 
-  // (worker, server) for a call at `queue`'s device (null: the host), moved there first. The
-  // thread running the collective calls it; the state is bound.
-  std::pair<float*, float*> residuals(const std::shared_ptr<DeviceQueue>& queue);
-  // The residuals back in the host vectors, waiting for the device; none stay on it.
+  // The residuals for a call at `queue`'s device (null: the host), moved there (and settled)
+  // first. The thread running the collective calls it; the state is bound.
+  Residuals residuals(const std::shared_ptr<DeviceQueue>& queue);
+  // The residuals back in the host vectors, waiting for the device, and settled; none stay
+  // on the device.
   void to_host();
   // Forgets the device's copy without reading it (the host vectors are being replaced).
   void drop_device() noexcept;
@@ -65,8 +78,12 @@ struct WireState {
   static size_t mask_bytes(size_t n, int participants, int index);
 
  private:
+  void settle();
+
   std::shared_ptr<DeviceQueue> queue_;  // where the residuals are, while on a device
   float* device_ = nullptr;             // worker, then server, in the queue's device memory
+  size_t n_ = 0;                        // the bound shape
+  int participants_ = 0, index_ = 0;
 };
 
 // Validates a call before any byte moves, on the caller's thread: op sum or avg, a floating

@@ -89,10 +89,12 @@ void WireCodec::upload(void* x, const void* host, size_t bytes) {
   queue_->copy_async(x, host, bytes);
 }
 
-size_t WireCodec::onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
-                                uint8_t* cache) {
+size_t WireCodec::onebit_encode(const float* in, float* residual, float* pending, size_t n,
+                                uint8_t* out, uint8_t* cache) {
   OnebitHeader h;
+  if (!queue_ && pending) return onebit_encode_deferred(in, residual, pending, n, out, cache);
   if (!queue_) return kern::onebit_encode(site_, in, residual, n, out, cache, &h);
+  PYRING_CHECK_ARG(pending == nullptr, "one-bit encode on a device keeps no deferred residual");
   const size_t bytes = kern::onebit_encode(site_, in, residual, n, mirror(out), nullptr, &h);
   download(out, mirror(out), bytes);
   return onebit_cache_encoded(out, n, cache);
@@ -115,16 +117,16 @@ void WireCodec::onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumula
 
 size_t WireCodec::onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
                                        uint8_t* const* caches, size_t n, float alpha,
-                                       float* residual, uint8_t* out, uint8_t* cache,
-                                       float* scratch) {
+                                       float* residual, float* pending, uint8_t* out,
+                                       uint8_t* cache, float* scratch) {
   if (!queue_) {
-    return pyring::onebit_reduce_encode(copies, caches, local.size(), n, alpha, residual, out,
-                                        cache);
+    return pyring::onebit_reduce_encode(copies, caches, local.size(), n, alpha, residual, pending,
+                                        out, cache);
   }
   for (size_t k = 0; k < local.size(); ++k) {
     onebit_decode(copies[k], n, alpha, k > 0, scratch, caches[k], local[k]);
   }
-  return onebit_encode(scratch, residual, n, out, cache);
+  return onebit_encode(scratch, residual, pending, n, out, cache);
 }
 
 void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local) {

@@ -43,20 +43,24 @@ class WireCodec {
   // Waits until the queued kernels and copies have run; the memory is then free for reuse.
   void finish();
 
-  // Encodes in[0, n) (+ residual, kept as onebit_encode says) into the wire bytes at `out`,
-  // with the mask cache `cache` (host memory). On return the segment is in `out`, ready to send.
-  size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache);
+  // Encodes in[0, n) (+ residual) into the wire bytes at `out`, with the mask cache `cache`
+  // (host memory). On return the segment is in `out`, ready to send. The residual is kept as
+  // onebit_encode says, or deferred with `pending` as onebit_encode_deferred says (the host
+  // only: on a device pending is null).
+  size_t onebit_encode(const float* in, float* residual, float* pending, size_t n, uint8_t* out,
+                       uint8_t* cache);
   // out (at the site) = alpha * decode, or += with accumulate, of the wire segment at `enc`:
   // received into it (local false), or written there by this codec's encode (local true).
   void onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
                      uint8_t* cache, bool local);
 
   // The owner's step: encodes (as onebit_encode, into `out`, ready to send) the sum over k of
-  // alpha * decode(copies[k]) with residual; local[k] and caches[k] as for onebit_decode. On
-  // the host the sum is never stored; a device sums into `scratch` (n values at the site).
+  // alpha * decode(copies[k]) with residual and pending; local[k] and caches[k] as for
+  // onebit_decode. On the host the sum is never stored; a device sums into `scratch` (n
+  // values at the site).
   size_t onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
                               uint8_t* const* caches, size_t n, float alpha, float* residual,
-                              uint8_t* out, uint8_t* cache, float* scratch);
+                              float* pending, uint8_t* out, uint8_t* cache, float* scratch);
 
   // out = the 16-bit wire encoding of in[0, n) (2n bytes): ready to send on return, or, with
   // `local`, only for this codec's own decode (a device leaves it in the mirror).

@@ -86,6 +86,12 @@ PYRING_HD uint32_t onebit_zero_bit(float v) {
   return v == 0.0f ? 1u : 0u;
 }
 
+// A deferred residual settled (kernels/onebit.h): v - decode(v) for a value v encoded with
+// `scale`; v itself when scale is 0.
+PYRING_HD float onebit_settled(float v, float scale) {
+  return v - onebit_value(onebit_sign_bit(v), onebit_zero_bit(v), 0, scale);
+}
+
 }  // namespace pyring
 
 // Returns FN<T>(args...) for the storage type T of `dtype`; throws for an unknown code.

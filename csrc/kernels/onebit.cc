@@ -17,17 +17,6 @@ namespace pyring {
 
 namespace {
 
-// Packs the sign and zero bits of v[0, 8) into one byte each, one value at a time.
-inline void pack8_scalar(const float* v, uint8_t* sign, uint8_t* zero) {
-  uint32_t s = 0, zr = 0;
-  for (int k = 0; k < 8; ++k) {
-    s |= onebit_sign_bit(v[k]) << k;
-    zr |= onebit_zero_bit(v[k]) << k;
-  }
-  *sign = static_cast<uint8_t>(s);
-  *zero = static_cast<uint8_t>(zr);
-}
-
 inline float decode_one(uint8_t sign, uint8_t zero, int k, float scale) {
   return onebit_value(sign, zero, k, scale);
 }
@@ -92,25 +81,42 @@ const NibbleMasks kMasks;
 
 namespace {
 
-// Sweep 1 over one block: the sum of squares and the zeros of v = in + residual (residual
-// null: v = in), added to sumsq block by block in the same lane order on every path.
-void sum_block(const float* in, const float* residual, size_t count, double& sumsq, size_t& zeros) {
-  if (onebit_avx2::available()) return onebit_avx2::sum_block(in, residual, count, sumsq, zeros);
-  size_t i = 0;
+// One sweep over one block (its first value starts a byte): v = in + settled residual
+// (residual null: v = in; else the residual holds the last v, encoded with scale `pending`),
+// stored back in the residual; its sum of squares and zeros added to sumsq and zeros in the
+// same lane order on every path; its sign and zero bytes.
+void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
+                  size_t& zeros, uint8_t* signs, uint8_t* mask) {
+  if (onebit_avx2::available()) {
+    return onebit_avx2::encode_block(in, residual, count, pending, sumsq, zeros, signs, mask);
+  }
+  const size_t whole = count / 8;
+  size_t j = 0;
 #if defined(__SSE2__)
   __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
   __m128i zero_lanes = _mm_setzero_si128();  // minus the zeros seen per lane (cmpeq gives -1)
-  const __m128 z = _mm_setzero_ps();
-  for (; i + 8 <= count; i += 8) {
-    __m128 v0 = _mm_loadu_ps(in + i), v1 = _mm_loadu_ps(in + i + 4);
+  const __m128 z = _mm_setzero_ps(), p = _mm_set1_ps(pending), sign_bit = _mm_set1_ps(-0.0f);
+  // r - decode(r) with scale p, as settle_block.
+  auto settled = [&](__m128 r) {
+    return _mm_sub_ps(r, _mm_andnot_ps(_mm_cmpeq_ps(r, z), _mm_or_ps(_mm_and_ps(r, sign_bit), p)));
+  };
+  for (; j < whole; ++j) {
+    __m128 v0 = _mm_loadu_ps(in + 8 * j), v1 = _mm_loadu_ps(in + 8 * j + 4);
     if (residual) {
-      v0 = _mm_add_ps(v0, _mm_loadu_ps(residual + i));
-      v1 = _mm_add_ps(v1, _mm_loadu_ps(residual + i + 4));
+      float* r = residual + 8 * j;
+      v0 = _mm_add_ps(v0, settled(_mm_loadu_ps(r)));
+      v1 = _mm_add_ps(v1, settled(_mm_loadu_ps(r + 4)));
+      _mm_storeu_ps(r, v0);
+      _mm_storeu_ps(r + 4, v1);
     }
+    const __m128 z0 = _mm_cmpeq_ps(v0, z), z1 = _mm_cmpeq_ps(v1, z);
     acc0 = _mm_add_ps(acc0, _mm_mul_ps(v0, v0));
     acc1 = _mm_add_ps(acc1, _mm_mul_ps(v1, v1));
-    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(_mm_cmpeq_ps(v0, z)));
-    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(_mm_cmpeq_ps(v1, z)));
+    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(z0));
+    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(z1));
+    // movemask reads the sign bit as onebit_sign_bit does.
+    signs[j] = static_cast<uint8_t>(_mm_movemask_ps(v0) | (_mm_movemask_ps(v1) << 4));
+    mask[j] = static_cast<uint8_t>(_mm_movemask_ps(z0) | (_mm_movemask_ps(z1) << 4));
   }
   alignas(16) float lanes[4];
   _mm_store_ps(lanes, _mm_add_ps(acc0, acc1));
@@ -119,74 +125,18 @@ void sum_block(const float* in, const float* residual, size_t count, double& sum
   _mm_store_si128(reinterpret_cast<__m128i*>(zl), zero_lanes);
   zeros += static_cast<size_t>(-(int64_t{zl[0]} + zl[1] + zl[2] + zl[3]));
 #endif
-  for (; i < count; ++i) {
-    const float v = residual ? in[i] + residual[i] : in[i];
-    sumsq += double(v) * v;
-    zeros += v == 0.0f;
+  for (; j < whole; ++j) {
+    onebit_encode_tail(in + 8 * j, residual ? residual + 8 * j : nullptr, 8, pending, sumsq, zeros,
+                       signs + j, mask + j);
   }
+  onebit_encode_tail(in + 8 * whole, residual ? residual + 8 * whole : nullptr, count % 8, pending,
+                     sumsq, zeros, signs + whole, mask + whole);
 }
 
-// Sweep 2 over one block (its first value starts a byte): the sign and zero bytes of
-// v = in + add (add null: v = in), and, where `residual` is set, residual = v - decode(v)
-// (it may be `in` or `add`: each value is read before it is written).
-void pack_block(const float* in, const float* add, float* residual, size_t count, float scale,
-                bool zeros, uint8_t* signs, uint8_t* mask) {
-  if (onebit_avx2::available()) {
-    return onebit_avx2::pack_block(in, add, residual, count, scale, zeros, signs, mask);
-  }
-  const size_t whole = count / 8;
-#if defined(__SSE2__)
-  const __m128 sc = _mm_set1_ps(scale);
-#endif
-  for (size_t j = 0; j < whole; ++j) {
-    const float* p = in + 8 * j;
-#if defined(__SSE2__)
-    __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
-    if (add) {
-      a = _mm_add_ps(a, _mm_loadu_ps(add + 8 * j));
-      b = _mm_add_ps(b, _mm_loadu_ps(add + 8 * j + 4));
-    }
-    // movemask reads the sign bit as onebit_sign_bit does.
-    const __m128 za = _mm_cmpeq_ps(a, _mm_setzero_ps()), zb4 = _mm_cmpeq_ps(b, _mm_setzero_ps());
-    signs[j] = static_cast<uint8_t>(_mm_movemask_ps(a) | (_mm_movemask_ps(b) << 4));
-    if (zeros) mask[j] = static_cast<uint8_t>(_mm_movemask_ps(za) | (_mm_movemask_ps(zb4) << 4));
-    if (residual) {
-      float* r = residual + 8 * j;
-      const __m128 sign_bit = _mm_set1_ps(-0.0f);
-      // v - decode(v): decode is copysign(scale, v), or 0 where v == 0.
-      _mm_storeu_ps(r, _mm_sub_ps(a, _mm_andnot_ps(za, _mm_or_ps(_mm_and_ps(a, sign_bit), sc))));
-      _mm_storeu_ps(r + 4,
-                    _mm_sub_ps(b, _mm_andnot_ps(zb4, _mm_or_ps(_mm_and_ps(b, sign_bit), sc))));
-    }
-#else
-    float v[8];
-    for (int k = 0; k < 8; ++k) v[k] = add ? p[k] + add[8 * j + k] : p[k];
-    uint8_t sb, zb;
-    pack8_scalar(v, &sb, &zb);
-    signs[j] = sb;
-    if (zeros) mask[j] = zb;
-    if (residual) {
-      for (int k = 0; k < 8; ++k) residual[8 * j + k] = v[k] - decode_one(sb, zb, k, scale);
-    }
-#endif
-  }
-  if (count % 8) {
-    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const size_t left = count % 8, at = 8 * whole;
-    for (size_t k = 0; k < left; ++k) {
-      tail[k] = add ? in[at + k] + add[at + k] : in[at + k];
-    }
-    uint8_t sb, zb;
-    pack8_scalar(tail, &sb, &zb);
-    const uint8_t keep = static_cast<uint8_t>((1u << left) - 1u);
-    signs[whole] = sb & keep;
-    if (zeros) mask[whole] = zb & keep;
-    if (residual) {
-      for (size_t k = 0; k < left; ++k) {
-        residual[at + k] = tail[k] - decode_one(sb, zb, static_cast<int>(k), scale);
-      }
-    }
-  }
+// residual[0, count) = onebit_settled(residual, scale).
+void settle_block(float* residual, size_t count, float scale) {
+  if (onebit_avx2::available()) return onebit_avx2::settle_block(residual, count, scale);
+  for (size_t i = 0; i < count; ++i) residual[i] = onebit_settled(residual[i], scale);
 }
 
 // out[0, count) = pos * decode (or += with accumulate) of the sign and mask bytes from `signs`
@@ -233,24 +183,35 @@ OnebitHeader header_of(double sumsq, size_t zeros, size_t n) {
 
 }  // namespace
 
-size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
-  // Two sweeps, block by block, over v = in + residual (never stored): sum of squares and
-  // zeros, then sign pack, zero mask and new residual.
+void onebit_settle(float* residual, size_t n, float* pending) {
+  if (*pending != 0.0f) settle_block(residual, n, *pending);
+  *pending = 0.0f;
+}
+
+size_t onebit_encode_deferred(const float* in, float* residual, float* pending, size_t n,
+                              uint8_t* out, uint8_t* cache) {
+  // One sweep, block by block: the signs and zero bits do not depend on the scale, and the
+  // residual keeps v until the scale is known (the next call, or onebit_settle).
+  const float was = residual ? *pending : 0.0f;
   double sumsq = 0.0;
   size_t zeros = 0;
-  for (size_t b = 0; b < n; b += kBlock) {
-    sum_block(in + b, residual ? residual + b : nullptr, std::min(kBlock, n - b), sumsq, zeros);
-  }
-  const OnebitHeader h = header_of(sumsq, zeros, n);
   uint8_t* signs = out + sizeof(OnebitHeader);
   uint8_t* mask = signs + (n + 7) / 8;
   for (size_t b = 0; b < n; b += kBlock) {
-    float* r = residual ? residual + b : nullptr;
-    pack_block(in + b, r, r, std::min(kBlock, n - b), h.scale, zeros != 0, signs + b / 8,
-               mask + b / 8);
+    encode_block(in + b, residual ? residual + b : nullptr, std::min(kBlock, n - b), was, sumsq,
+                 zeros, signs + b / 8, mask + b / 8);
   }
+  const OnebitHeader h = header_of(sumsq, zeros, n);
+  if (residual) *pending = h.scale;
   std::memcpy(out, &h, sizeof(h));
   return onebit_cache_encoded(out, n, cache);
+}
+
+size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
+  float pending = 0.0f;
+  const size_t bytes = onebit_encode_deferred(in, residual, &pending, n, out, cache);
+  if (residual) onebit_settle(residual, n, &pending);
+  return bytes;
 }
 
 size_t onebit_cache_encoded(uint8_t* encoded, size_t n, uint8_t* cache) {
@@ -330,7 +291,8 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
 }
 
 size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
-                            size_t n, float alpha, float* residual, uint8_t* out, uint8_t* cache) {
+                            size_t n, float alpha, float* residual, float* pending, uint8_t* out,
+                            uint8_t* cache) {
   std::vector<const uint8_t*> signs(count), masks(count);
   std::vector<float> pos(count);
   for (size_t k = 0; k < count; ++k) {  // every copy checked before any value is written
@@ -340,28 +302,23 @@ size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches
     masks[k] = mask_of(h, signs[k], n, caches[k]);
     pos[k] = alpha * h.scale;
   }
-  // Sweep 1: each block's sum, as onebit_decode would leave it in a buffer (kept in L1), plus
-  // the residual: v, kept in the residual. Sweep 2 packs v and leaves v - decode(v) there.
+  // Each block's sum, as onebit_decode would leave it in a buffer (kept in L1), encoded as
+  // onebit_encode_deferred does.
   alignas(16) float sum[kBlock];
+  const float was = *pending;
   double sumsq = 0.0;
   size_t zeros = 0;
+  uint8_t* out_signs = out + sizeof(OnebitHeader);
+  uint8_t* out_mask = out_signs + (n + 7) / 8;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t len = std::min(kBlock, n - b);
     for (size_t k = 0; k < count; ++k) {
       decode_span(signs[k] + b / 8, masks[k] ? masks[k] + b / 8 : nullptr, len, pos[k], k > 0, sum);
     }
-    float* r = residual + b;
-    for (size_t i = 0; i < len; ++i) r[i] += sum[i];  // v = sum + residual, as encode adds
-    sum_block(r, nullptr, len, sumsq, zeros);
+    encode_block(sum, residual + b, len, was, sumsq, zeros, out_signs + b / 8, out_mask + b / 8);
   }
   const OnebitHeader h = header_of(sumsq, zeros, n);
-  uint8_t* out_signs = out + sizeof(OnebitHeader);
-  uint8_t* out_mask = out_signs + (n + 7) / 8;
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t len = std::min(kBlock, n - b);
-    pack_block(residual + b, nullptr, residual + b, len, h.scale, zeros != 0, out_signs + b / 8,
-               out_mask + b / 8);
-  }
+  *pending = h.scale;
   std::memcpy(out, &h, sizeof(h));
   return onebit_cache_encoded(out, n, cache);
 }

@@ -51,18 +51,30 @@ uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes);
 
 // Encodes v = in + residual (residual may be null: no error feedback) into `out` (at least
 // onebit_max_bytes(n)) and, when residual is set, stores the new residual v - decode(v) in it.
-// `cache` (null: none) is this stream's encoder-side mask cache. One fused sweep per
-// cache-sized block: residual add and sum of squares, then sign pack, zero mask and new
-// residual. Returns the bytes written.
+// `cache` (null: none) is this stream's encoder-side mask cache. Returns the bytes written.
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
                      uint8_t* cache = nullptr);
 
-// onebit_encode(in = the sum over k of alpha * decode(copies[k], cache caches[k]), in k order,
-// residual, n, out, cache), without storing the sum: the owner's step of the compressed
-// allreduce in two sweeps over the residual. The same bytes and residual as decoding into a
-// buffer and encoding it. Throws as onebit_decode, before writing anything.
+// Deferred residuals, for a caller that keeps one between calls: the residual may be left
+// holding v, the value last encoded, with *pending the scale that encoding used. Settling
+// makes it v - decode(v), what onebit_encode stores, and *pending 0; with *pending 0 it is
+// settled already and settling changes nothing.
+void onebit_settle(float* residual, size_t n, float* pending);
+
+// onebit_encode with a deferred residual (non-null, with `pending`; or both null): settles it,
+// encodes v = in + residual and leaves v there with the scale in *pending, in one sweep over
+// `in` and the residual (onebit_encode makes two). The same bytes as onebit_encode, and after
+// onebit_settle the same residual.
+size_t onebit_encode_deferred(const float* in, float* residual, float* pending, size_t n,
+                              uint8_t* out, uint8_t* cache = nullptr);
+
+// onebit_encode_deferred(in = the sum over k of alpha * decode(copies[k], cache caches[k]), in
+// k order, residual, pending, n, out, cache), without storing the sum: the owner's step of the
+// compressed allreduce in one sweep over the residual. Throws as onebit_decode, before
+// writing anything.
 size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
-                            size_t n, float alpha, float* residual, uint8_t* out, uint8_t* cache);
+                            size_t n, float alpha, float* residual, float* pending, uint8_t* out,
+                            uint8_t* cache);
 
 // The mask caches applied to a segment that was encoded with none (a device encoder's): when
 // its mask equals the cache's, the header becomes kMaskCached and the mask is dropped;

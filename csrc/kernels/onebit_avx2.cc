@@ -21,17 +21,32 @@ bool available() {
   return yes;
 }
 
-__attribute__((target("avx2"))) void sum_block(const float* in, const float* residual, size_t count,
-                                               double& sumsq, size_t& zeros) {
-  size_t i = 0;
+// One lane group of settle: r - decode(r) with scale p (0 where r == 0), as the encoder's
+// residual; with p == 0 it is r, bit for bit.
+__attribute__((target("avx2"))) inline __m256 settled(__m256 r, __m256 p) {
+  const __m256 zr = _mm256_cmp_ps(r, _mm256_setzero_ps(), _CMP_EQ_OQ);
+  return _mm256_sub_ps(
+      r, _mm256_andnot_ps(zr, _mm256_or_ps(_mm256_and_ps(r, _mm256_set1_ps(-0.0f)), p)));
+}
+
+__attribute__((target("avx2"))) void encode_block(const float* in, float* residual, size_t count,
+                                                  float pending, double& sumsq, size_t& zeros,
+                                                  uint8_t* signs, uint8_t* mask) {
+  const size_t whole = count / 8;
   __m256 acc = _mm256_setzero_ps();
   __m256i zero_lanes = _mm256_setzero_si256();  // minus the zeros seen per lane
-  const __m256 z = _mm256_setzero_ps();
-  for (; i + 8 <= count; i += 8) {
-    __m256 v = _mm256_loadu_ps(in + i);
-    if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + i));
+  const __m256 z = _mm256_setzero_ps(), p = _mm256_set1_ps(pending);
+  for (size_t j = 0; j < whole; ++j) {
+    __m256 v = _mm256_loadu_ps(in + 8 * j);
+    if (residual) {
+      v = _mm256_add_ps(v, settled(_mm256_loadu_ps(residual + 8 * j), p));
+      _mm256_storeu_ps(residual + 8 * j, v);
+    }
+    const __m256 zv = _mm256_cmp_ps(v, z, _CMP_EQ_OQ);
     acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-    zero_lanes = _mm256_add_epi32(zero_lanes, _mm256_castps_si256(_mm256_cmp_ps(v, z, _CMP_EQ_OQ)));
+    zero_lanes = _mm256_add_epi32(zero_lanes, _mm256_castps_si256(zv));
+    signs[j] = static_cast<uint8_t>(_mm256_movemask_ps(v));  // the sign bits
+    mask[j] = static_cast<uint8_t>(_mm256_movemask_ps(zv));
   }
   // The SSE path's acc0 + acc1: the low and high halves.
   alignas(16) float lanes[4];
@@ -42,48 +57,17 @@ __attribute__((target("avx2"))) void sum_block(const float* in, const float* res
   int64_t total = 0;
   for (int k = 0; k < 8; ++k) total += zl[k];
   zeros += static_cast<size_t>(-total);
-  for (; i < count; ++i) {
-    const float v = residual ? in[i] + residual[i] : in[i];
-    sumsq += double(v) * v;
-    zeros += v == 0.0f;
-  }
+  onebit_encode_tail(in + 8 * whole, residual ? residual + 8 * whole : nullptr, count % 8, pending,
+                     sumsq, zeros, signs + whole, mask + whole);
 }
 
-__attribute__((target("avx2"))) void pack_block(const float* in, const float* add, float* residual,
-                                                size_t count, float scale, bool zeros,
-                                                uint8_t* signs, uint8_t* mask) {
-  const size_t whole = count / 8;
-  const __m256 sc = _mm256_set1_ps(scale), sign_bit = _mm256_set1_ps(-0.0f);
-  const __m256 z = _mm256_setzero_ps();
-  for (size_t j = 0; j < whole; ++j) {
-    __m256 v = _mm256_loadu_ps(in + 8 * j);
-    if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + 8 * j));
-    const __m256 zv = _mm256_cmp_ps(v, z, _CMP_EQ_OQ);
-    signs[j] = static_cast<uint8_t>(_mm256_movemask_ps(v));  // the sign bits
-    if (zeros) mask[j] = static_cast<uint8_t>(_mm256_movemask_ps(zv));
-    if (residual) {
-      // v - decode(v): decode is copysign(scale, v), or 0 where v == 0.
-      const __m256 d = _mm256_andnot_ps(zv, _mm256_or_ps(_mm256_and_ps(v, sign_bit), sc));
-      _mm256_storeu_ps(residual + 8 * j, _mm256_sub_ps(v, d));
-    }
+__attribute__((target("avx2"))) void settle_block(float* residual, size_t count, float scale) {
+  const __m256 p = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(residual + i, settled(_mm256_loadu_ps(residual + i), p));
   }
-  if (count % 8) {
-    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const size_t left = count % 8, at = 8 * whole;
-    uint32_t sb = 0, zb = 0;
-    for (size_t k = 0; k < left; ++k) {
-      tail[k] = add ? in[at + k] + add[at + k] : in[at + k];
-      sb |= onebit_sign_bit(tail[k]) << k;
-      zb |= onebit_zero_bit(tail[k]) << k;
-    }
-    signs[whole] = static_cast<uint8_t>(sb);
-    if (zeros) mask[whole] = static_cast<uint8_t>(zb);
-    if (residual) {
-      for (size_t k = 0; k < left; ++k) {
-        residual[at + k] = tail[k] - onebit_value(sb, zb, static_cast<int>(k), scale);
-      }
-    }
-  }
+  for (; i < count; ++i) residual[i] = onebit_settled(residual[i], scale);
 }
 
 __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const uint8_t* mask,
@@ -114,8 +98,8 @@ __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const 
 bool available() {
   return false;
 }
-void sum_block(const float*, const float*, size_t, double&, size_t&) {}
-void pack_block(const float*, const float*, float*, size_t, float, bool, uint8_t*, uint8_t*) {}
+void encode_block(const float*, float*, size_t, float, double&, size_t&, uint8_t*, uint8_t*) {}
+void settle_block(float*, size_t, float) {}
 size_t decode_whole(const uint8_t*, const uint8_t*, size_t, float, bool, float*) {
   return 0;
 }

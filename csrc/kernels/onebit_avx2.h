@@ -1,21 +1,48 @@
 // AVX2 versions of the one-bit block sweeps of kernels/onebit.cc, chosen at run time where the
 // CPU has AVX2. They give the same bytes and floats bit for bit: the same additions in the
 // same lane order (eight lanes are the SSE path's two registers side by side) and no fused
-// multiply-add. Arguments as onebit.cc's sum_block, pack_block and decode_span;
+// multiply-add. Arguments as onebit.cc's encode_block, settle_block and decode_span;
 // decode_whole decodes only the whole bytes of signs (8 values each) and returns how many.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/elementwise.h"
+
 namespace pyring::onebit_avx2 {
 
 // The CPU runs AVX2 (and pyring was built for x86-64), and PYRING_ONEBIT_SIMD is not `sse`.
 bool available();
-void sum_block(const float* in, const float* residual, size_t count, double& sumsq, size_t& zeros);
-void pack_block(const float* in, const float* add, float* residual, size_t count, float scale,
-                bool zeros, uint8_t* signs, uint8_t* mask);
+void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
+                  size_t& zeros, uint8_t* signs, uint8_t* mask);
+void settle_block(float* residual, size_t count, float scale);
 size_t decode_whole(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
                     bool accumulate, float* out);
 
 }  // namespace pyring::onebit_avx2
+
+namespace pyring {
+
+// The last count % 8 (< 8) values of encode_block, one at a time, on both paths: into the one
+// sign byte and mask byte they start.
+inline void onebit_encode_tail(const float* in, float* residual, size_t left, float pending,
+                               double& sumsq, size_t& zeros, uint8_t* sign, uint8_t* mask) {
+  if (left == 0) return;
+  uint32_t sb = 0, zb = 0;
+  for (size_t k = 0; k < left; ++k) {
+    float v = in[k];
+    if (residual) {
+      v = in[k] + onebit_settled(residual[k], pending);
+      residual[k] = v;
+    }
+    sumsq += double(v) * v;
+    zeros += v == 0.0f;
+    sb |= onebit_sign_bit(v) << k;
+    zb |= onebit_zero_bit(v) << k;
+  }
+  *sign = static_cast<uint8_t>(sb);
+  *mask = static_cast<uint8_t>(zb);
+}
+
+}  // namespace pyring
