@@ -32,6 +32,7 @@ def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
 
     import pyring
 
+    torch.set_num_threads(1)  # one core per rank, as torchrun and the other benchmarks leave it
     comm = pyring.init(rank, world, store, set_default=False)
     n = nbytes // 4
     base = torch.randn(n, generator=torch.Generator().manual_seed(rank))
