@@ -77,3 +77,32 @@ def test_unknown_copy_method_names_the_valid_ones(monkeypatch):
     monkeypatch.setenv("PYRING_SHM_COPY", "fast")
     with pytest.raises(ValueError, match=r"PYRING_SHM_COPY='fast' .*auto, cached, streaming"):
         pyring.config.resolve()
+
+
+def _laps(rank, world, store, algo):
+    # Slots of 32 KiB: the data of lap k starts k % 8 steps of 4 KiB into its slot
+    # (shm_link.h), unless it does not fit behind that. Lengths around every fit boundary,
+    # packed small messages and whole-slot pieces, over many laps of the ring.
+    comm = pyring.init(rank, world, store, algo=algo, segment_bytes=32 * 1024)
+    step = 4096 // 4
+    sizes = [1, 3, 1000, 1024 + 2, 7 * step, 7 * step + 2, 6 * step + 1, 8 * step, 8 * step + 1,
+             25_000, 2 * step - 1, 5 * step, 3 * step + 7, 4 * step]
+    bad = []
+    for call in range(240):
+        n = sizes[(call * 5) % len(sizes)] + call % 3
+        x = (torch.arange(n, dtype=torch.float32) + call) % 512 * (rank + 1)
+        comm.all_reduce(x)
+        want = (torch.arange(n, dtype=torch.float32) + call) % 512 * sum(range(1, world + 1))
+        if not torch.equal(x, want):
+            bad.append((call, n))
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("mode", ["cached", "auto"])
+@pytest.mark.parametrize("world,algo", [(2, "direct"), (3, "ring")])
+def test_rotated_slot_data_arrives_whole_over_many_laps(monkeypatch, mode, world, algo):
+    monkeypatch.setenv("PYRING_SHM_COPY", mode)
+    monkeypatch.setenv("PYRING_TRANSPORT", "shm")
+    for rank, bad in enumerate(run_ranks(world, _laps, algo)):
+        assert bad == [], f"rank {rank} ({mode}, {algo}): wrong sums at (call, length) {bad[:5]}"

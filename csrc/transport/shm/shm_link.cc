@@ -46,7 +46,17 @@ ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
       peer_local_(peer_local),
       nslots_(mine_->header()->nslots),
       slot_bytes_(mine_->header()->slot_bytes),
+      rotate_step_((slot_bytes_ / kLaps) / kRotateAlign * kRotateAlign),
       copier_(copy, slot_bytes_) {}
+
+size_t ShmLink::rotation(uint64_t k) const {
+  return static_cast<size_t>((k / nslots_) % kLaps) * rotate_step_;
+}
+
+size_t ShmLink::data_start(uint64_t k, size_t len) const {
+  const size_t rot = rotation(k);
+  return len <= slot_bytes_ - rot ? rot : 0;
+}
 
 void ShmLink::post_send(const uint8_t* data, size_t bytes) {
   if (bytes > 0) sends_.push_back({data, bytes, 0});
@@ -71,19 +81,25 @@ bool ShmLink::progress_send() {
       if (head_ - tail_seen_ >= nslots_) break;
     }
     uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
-    uint8_t* dst = theirs_->inbox_slot(my_local_, slot);
+    // At the rotated start unless the first send fills the slot past it (then the whole slot,
+    // and the length tells the receiver so: see data_start).
+    const size_t rot = rotation(head_);
+    const Send& first = sends_.front();
+    const size_t start = first.bytes - first.done > slot_bytes_ - rot ? 0 : rot;
+    const size_t cap = slot_bytes_ - start;
+    uint8_t* dst = theirs_->inbox_slot(my_local_, slot) + start;
     // Small messages share a slot (a header and the data behind it), starting at multiples of
     // kPieceAlign so that every message's pieces stay whole elements.
     size_t fill = 0;
     do {
       Send& s = sends_.front();
-      size_t n = std::min<size_t>(slot_bytes_ - fill, s.bytes - s.done);
+      size_t n = std::min<size_t>(cap - fill, s.bytes - s.done);
       if (copier_.copy(dst + fill, s.data + s.done, n)) count_streamed(n);
       fill += n;
       s.done += n;
       if (s.done < s.bytes) break;
       sends_.pop_front();
-    } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < slot_bytes_);
+    } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < cap);
     out_->lens[slot] = static_cast<uint32_t>(fill);
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);
@@ -107,7 +123,8 @@ bool ShmLink::progress_recv() {
     PYRING_CHECK(len <= slot_bytes_ && len > slot_offset_, CommError, "shm stream from rank ",
                  peer_, " is corrupt (slot of ", len, " bytes)");
     size_t n = std::min(len - slot_offset_, r.spec.bytes - r.done);
-    const uint8_t* src = mine_->inbox_slot(peer_local_, slot) + slot_offset_;
+    const uint8_t* src =
+        mine_->inbox_slot(peer_local_, slot) + data_start(tail_, len) + slot_offset_;
     if (r.spec.copy_to) {
       std::memcpy(r.spec.copy_to + r.done, src, n);
       src = r.spec.copy_to + r.done;

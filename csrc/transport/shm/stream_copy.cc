@@ -72,8 +72,7 @@ bool SlotCopier::pick_streaming() {
 bool SlotCopier::copy_large(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
   if (mode_ != ShmCopy::kAuto || n < timed_from_) {
-    const bool streaming =
-        mode_ == ShmCopy::kAuto ? n >= kStreamBytes || far_ : mode_ == ShmCopy::kStreaming;
+    const bool streaming = mode_ == ShmCopy::kAuto ? far_ : mode_ == ShmCopy::kStreaming;
     copy_with(dst, src, n, streaming);
     return streaming;
   }

@@ -20,26 +20,28 @@ const char* shm_copy_name(ShmCopy c);
 // host has put on different core complexes), every cached store must first take its line back
 // from the reader's cache across the fabric, and memcpy runs several times slower.
 //
-// The placement changes while a job runs, so kAuto measures the copies that fill a slot or
-// reach kTimedBytes (the pieces of large messages):
+// The placement changes while a job runs, so kAuto measures the copies of kTimedBytes and
+// more (or that fill a slot):
 // - the first 2 * kSamples alternate between the methods;
 // - a method's cost is the median ticks per KiB of its last kSamples copies (a copy the
 //   scheduler interrupted does not count), a streaming copy timed up to its store fence;
 // - streaming is used while it costs under half of memcpy, because the writer's clock does not
 //   see that the reader then reads from memory instead of a cache;
 // - the method not in use is retried every kExploreEvery-th copy.
-// Smaller copies from kStreamBytes up (whole mid-size messages) stream. Timed alone they
-// cannot tell, because the reader's cost is what differs. On the development machine,
-// interleaved 2-rank allreduces (bench/results/interleaved_midstream_{quiet,membw}_vm.json):
-// - cores near: streaming cost 5-67% at 8 KiB, 10-20% at 16 KiB, nothing measurable at 64 KiB;
-// - under the membw load (cores far): streaming was 1.7x (8 KiB) to 3.4x (64 KiB) faster.
-// Copies from kMinBytes to kStreamBytes take the timed copies' last choice (memcpy before
+// Copies from kMinBytes to kTimedBytes take the timed copies' last choice (memcpy before
 // there is one). Copies below kMinBytes, and every copy off x86-64, use memcpy.
+//
+// Mid-size copies (8-128 KiB) used to stream always: the shm link wrote each message at the
+// start of its slot, so a run of equal messages kept storing into lines the reader held, and
+// streaming was 1.7x (8 KiB) to 3.4x (64 KiB) faster with the cores far. Since the link
+// rotates where a slot's data starts (shm_link.h), memcpy into a slot finds lines the reader
+// no longer holds: with the cores near, a 2-rank 64 KiB allreduce took 5.3 us with memcpy and
+// 10.8 us streaming; with the cores far, streaming is still the faster by 3x and more, which
+// the timed copies see (memcpy then costs the writer several times more).
 class SlotCopier {
  public:
   static constexpr size_t kMinBytes = 4 * 1024;
-  static constexpr size_t kStreamBytes = 8 * 1024;
-  static constexpr size_t kTimedBytes = 128 * 1024;
+  static constexpr size_t kTimedBytes = 8 * 1024;
   static constexpr uint32_t kExploreEvery = 64;
   static constexpr uint32_t kSamples = 5;
 
