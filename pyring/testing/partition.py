@@ -6,8 +6,10 @@ host's interface), so no reset ever arrives.
     problems = check_partition(results, addresses, ranks_per_host=2, timeout_s=5, slack_s=2)
 
 As a rank (``python .../pyring/testing/partition.py``, under EmulatedHosts.run): init, one
-allreduce of 64 MiB together, then rank 0 creates the trigger file and every rank keeps calling
-the allreduce until one raises; the parent cuts the link on its next progress tick (50 ms).
+allreduce of 64 MiB together, then each rank creates its trigger file (the trigger path and
+its rank) and keeps calling the allreduce until one raises; the parent cuts the link on its
+next progress tick (50 ms) after every rank's file exists, so that no rank is still in the
+first call (one rank's call can end while bytes to another are in flight).
 Each rank reports its error, the seconds its failing call took, and how many calls succeeded
 after the trigger; then it exits.
 """
@@ -34,9 +36,8 @@ def _rank() -> None:
     rank = comm.rank
     x = torch.ones(COUNT)
     comm.all_reduce(x)
-    if rank == 0:
-        with open(os.environ[TRIGGER_ENV], "w"):
-            pass
+    with open(f"{os.environ[TRIGGER_ENV]}.{rank}", "w"):
+        pass
     error, calls = None, 0
     for _ in range(200):
         start = time.monotonic()
@@ -62,9 +63,10 @@ def run_partition(hosts: int, ranks_per_host: int, timeout_s: float, rate: str =
     os.close(fd)
     os.unlink(trigger)
     cut = []
+    ready = [f"{trigger}.{r}" for r in range(hosts * ranks_per_host)]
 
     def tick(h: EmulatedHosts) -> None:
-        if not cut and os.path.exists(trigger):
+        if not cut and all(os.path.exists(p) for p in ready):
             for ns in h.namespaces:
                 subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "tbf",
                                 "rate", "8bit", "burst", "1", "latency", "1ms"], check=True)
@@ -79,8 +81,9 @@ def run_partition(hosts: int, ranks_per_host: int, timeout_s: float, rate: str =
                             timeout=timeout_s * 4 + 60, progress=lambda: tick(h))
             return results, list(h.addresses)
     finally:
-        if os.path.exists(trigger):
-            os.unlink(trigger)
+        for p in ready:
+            if os.path.exists(p):
+                os.unlink(p)
 
 
 def check_partition(results: list[dict], addresses: list[str], ranks_per_host: int,
