@@ -225,3 +225,29 @@ def _onebit_segments(rank, world, store):
 
 def test_onebit_pipelined_by_segment_matches_the_kernels():
     assert run_ranks(3, _onebit_segments, timeout=300) == [0, 0, 0]
+
+
+def _read_between_calls(rank, world, store):
+    # The host keeps onebit residuals deferred (kernels/onebit.h): reading the state gives them
+    # settled, and changes nothing of the calls that follow.
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    n = world * 1_100_000 + 3  # two segments per chunk
+    read, quiet = pyring.OneBitState(), pyring.OneBitState()
+    diffs, settled = [], []
+    for step in range(4):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(10 * step + rank))
+        x[::7] = 0.0
+        a, b = x.clone(), x.clone()
+        comm.all_reduce(a, op="avg", wire="onebit", state=read)
+        first = read.state_dict()
+        again = read.state_dict()
+        settled.append(all(torch.equal(first[k], again[k]) for k in first))
+        comm.all_reduce(b, op="avg", wire="onebit", state=quiet)
+        diffs.append(int((a != b).sum()))
+    comm.close()
+    return diffs, settled
+
+
+def test_reading_a_onebit_state_changes_no_later_call():
+    for diffs, settled in run_ranks(2, _read_between_calls, timeout=300):
+        assert diffs == [0, 0, 0, 0] and all(settled), (diffs, settled)

@@ -38,11 +38,14 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
       .def(
           "get",
           [](WireState& s) {
+            py::array_t<float> w(static_cast<py::ssize_t>(s.worker.size()));
+            py::array_t<float> sv(static_cast<py::ssize_t>(s.server.size()));
             {
               py::gil_scoped_release nogil;
               s.to_host();
+              s.settled_copy(w.mutable_data(), sv.mutable_data());
             }
-            return py::make_tuple(to_array(s.worker), to_array(s.server), to_array(s.masks));
+            return py::make_tuple(w, sv, to_array(s.masks));
           },
           "(worker, server, masks) copied out as numpy arrays (from the device, where they "
           "are), the residuals settled; empty before first use.")

@@ -281,35 +281,45 @@ void WireState::drop_device() noexcept {
 }
 
 void WireState::to_host() {
-  if (queue_) {
-    queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
-    queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
-    device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
-    drop_device();
-  }
-  settle();
+  if (!queue_) return;
+  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
+  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
+  device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
+  drop_device();
 }
 
-void WireState::settle() {
+void WireState::settle_into(float* w, float* sv, float* scales) const {
   if (pending.empty()) return;
   const size_t P = static_cast<size_t>(participants_), S = segments_of(n_, P);
   const Chunks ch{n_, P};
   for (size_t j = 0; j < P; ++j) {
     const Chunks seg{ch.size(j), S};
     for (size_t s = 0; s < S; ++s) {
-      onebit_settle(worker.data() + ch.offset(j) + seg.offset(s), seg.size(s), &pending[j * S + s]);
+      onebit_settle(w + ch.offset(j) + seg.offset(s), seg.size(s), &scales[j * S + s]);
     }
   }
   const Chunks mine{ch.size(static_cast<size_t>(index_)), S};
   for (size_t s = 0; s < S; ++s) {
-    onebit_settle(server.data() + mine.offset(s), mine.size(s), &pending[P * S + s]);
+    onebit_settle(sv + mine.offset(s), mine.size(s), &scales[P * S + s]);
   }
+}
+
+void WireState::settle() {
+  settle_into(worker.data(), server.data(), pending.data());
+}
+
+void WireState::settled_copy(float* w, float* sv) const {
+  std::memcpy(w, worker.data(), worker.size() * sizeof(float));
+  std::memcpy(sv, server.data(), server.size() * sizeof(float));
+  std::vector<float> scales = pending;  // the state's own stay deferred
+  settle_into(w, sv, scales.data());
 }
 
 WireState::Residuals WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
   if (queue_ != queue) {
     to_host();
     if (queue) {
+      settle();  // the device keeps its residuals settled
       DeviceRuntime& rt = device_runtime(queue->device().kind);
       const int index = queue->device().index;
       const size_t total = worker.size() + server.size();

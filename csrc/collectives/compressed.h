@@ -41,8 +41,10 @@ Wire wire_from_int(int v);  // throws InvalidArgument naming the valid wires
 // live where the bucket does: a call on a device moves them there, and the host vectors are
 // then stale until to_host(). The mask caches stay on the host. On the host the residuals are
 // deferred (kernels/onebit.h): each segment's holds the value it last encoded, with that
-// encoding's scale in `pending` (worker segments [j * S + s], then server segments [s]);
-// to_host() settles them.
+// encoding's scale in `pending` (worker segments [j * S + s], then server segments [s]). A
+// move to a device or to another shape settles them; settled_copy() reads them settled
+// without writing the state (a read during a call sees torn values, as it always did, but
+// changes nothing).
 struct WireState {
   std::vector<float> worker;   // n
   std::vector<float> server;   // the owned chunk
@@ -65,9 +67,11 @@ struct WireState {
   // The residuals for a call at `queue`'s device (null: the host), moved there (and settled)
   // first. The thread running the collective calls it; the state is bound.
   Residuals residuals(const std::shared_ptr<DeviceQueue>& queue);
-  // The residuals back in the host vectors, waiting for the device, and settled; none stay
-  // on the device.
+  // The residuals back in the host vectors, waiting for the device; none stay on it.
   void to_host();
+  // worker and server, settled, into w and sv (their sizes); the host vectors as they are
+  // (call to_host() first).
+  void settled_copy(float* w, float* sv) const;
   // Forgets the device's copy without reading it (the host vectors are being replaced).
   void drop_device() noexcept;
 
@@ -79,6 +83,9 @@ struct WireState {
 
  private:
   void settle();
+  // Settles residuals laid out as worker and server at w and sv with the deferred scales at
+  // `scales` (pending's layout), zeroing them.
+  void settle_into(float* w, float* sv, float* scales) const;
 
   std::shared_ptr<DeviceQueue> queue_;  // where the residuals are, while on a device
   float* device_ = nullptr;             // worker, then server, in the queue's device memory
