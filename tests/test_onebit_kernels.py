@@ -158,6 +158,30 @@ def test_deferred_residual_gives_the_same_bytes_and_residual(n):
         np.testing.assert_array_equal(settled, eager)
 
 
+def _aligned(n: int, offset: int) -> np.ndarray:
+    """n float32 starting `offset` floats past a 32-byte boundary."""
+    raw = np.zeros(n + 16, np.float32)
+    skip = (-raw.ctypes.data % 32) // 4 + offset
+    return raw[skip:skip + n]
+
+
+def test_large_overwriting_decode_matches_at_any_alignment():
+    # From 2**18 values an overwriting decode into 32-byte-aligned memory streams its stores
+    # (kernels/onebit_avx2.cc); the values are those of the ordinary stores.
+    n = (1 << 18) + 13
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[::11] = 0.0
+    enc = _encode(x, None)
+    want, _ = _reference(x)
+    for offset in (0, 1, 4):
+        out = _aligned(n, offset)
+        out[:] = np.nan
+        _C.onebit_decode(enc.ctypes.data, n, 1.0, False, out.ctypes.data, 0)
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+        assert np.array_equal(out, _decode(enc, n)), offset
+
+
 _SIMD_SCRIPT = """
 import pickle, sys
 import numpy as np
