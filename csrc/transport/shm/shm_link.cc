@@ -81,11 +81,10 @@ bool ShmLink::progress_send() {
       if (head_ - tail_seen_ >= nslots_) break;
     }
     uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
-    // At the rotated start unless the first send fills the slot past it (then the whole slot,
-    // and the length tells the receiver so: see data_start).
-    const size_t rot = rotation(head_);
+    // Where the first send's rest would start: at 0 only where it does not fit behind the
+    // rotation, so that what is packed behind it (never past cap) starts there too.
     const Send& first = sends_.front();
-    const size_t start = first.bytes - first.done > slot_bytes_ - rot ? 0 : rot;
+    const size_t start = data_start(head_, first.bytes - first.done);
     const size_t cap = slot_bytes_ - start;
     uint8_t* dst = theirs_->inbox_slot(my_local_, slot) + start;
     // Small messages share a slot (a header and the data behind it), starting at multiples of

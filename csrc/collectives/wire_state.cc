@@ -1,0 +1,148 @@
+#include "collectives/wire_state.h"
+
+#include <cstring>
+#include <memory>
+
+#include "collectives/driver.h"
+#include "core/errors.h"
+#include "device/runtime.h"
+#include "kernels/onebit.h"
+
+namespace pyring {
+
+namespace {
+
+// Onebit segments: every chunk is cut into the same number, so that a segment index means the
+// same thing on every rank; each (stream, segment) keeps its own mask cache.
+constexpr size_t kOnebitSegmentElems = size_t{1} << 20;
+
+}  // namespace
+
+size_t onebit_segments(size_t n, size_t participants) {
+  const size_t widest = Chunks{n, participants}.size(0);
+  return widest == 0 ? 1 : (widest + kOnebitSegmentElems - 1) / kOnebitSegmentElems;
+}
+
+std::vector<size_t> onebit_cache_sizes(size_t n, int participants, int index) {
+  const size_t P = static_cast<size_t>(participants), S = onebit_segments(n, P);
+  const Chunks ch{n, P};
+  const Chunks own{ch.size(static_cast<size_t>(index)), S};
+  std::vector<size_t> sizes;
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(Chunks{ch.size(j), S}.size(s));
+  }
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(own.size(s));
+  }
+  for (size_t s = 0; s < S; ++s) sizes.push_back(own.size(s));
+  for (size_t j = 0; j < P; ++j) {
+    for (size_t s = 0; s < S; ++s) sizes.push_back(Chunks{ch.size(j), S}.size(s));
+  }
+  return sizes;
+}
+
+size_t WireState::mask_bytes(size_t n, int participants, int index) {
+  size_t total = 0;
+  for (size_t s : onebit_cache_sizes(n, participants, index)) total += onebit_cache_bytes(s);
+  return total;
+}
+
+WireState::~WireState() {
+  drop_device();
+}
+
+void WireState::drop_device() noexcept {
+  if (!queue_) return;
+  DeviceRuntime& rt = device_runtime(queue_->device().kind);
+  const int index = queue_->device().index;
+  try {
+    rt.synchronize(index, queue_->stream());  // its kernels may still use the memory
+  } catch (const std::exception&) {           // a broken stream runs nothing more
+  }
+  rt.free(index, device_);
+  device_ = nullptr;
+  queue_.reset();
+}
+
+void WireState::to_host() {
+  if (!queue_) return;
+  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
+  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
+  device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
+  drop_device();
+}
+
+void WireState::settle_into(float* w, float* sv, float* scales) const {
+  if (pending.empty()) return;
+  const size_t P = static_cast<size_t>(participants_), S = onebit_segments(n_, P);
+  const Chunks ch{n_, P};
+  for (size_t j = 0; j < P; ++j) {
+    const Chunks seg{ch.size(j), S};
+    for (size_t s = 0; s < S; ++s) {
+      onebit_settle(w + ch.offset(j) + seg.offset(s), seg.size(s), &scales[j * S + s]);
+    }
+  }
+  const Chunks mine{ch.size(static_cast<size_t>(index_)), S};
+  for (size_t s = 0; s < S; ++s) {
+    onebit_settle(sv + mine.offset(s), mine.size(s), &scales[P * S + s]);
+  }
+}
+
+void WireState::settle() {
+  settle_into(worker.data(), server.data(), pending.data());
+}
+
+void WireState::settled_copy(float* w, float* sv) const {
+  std::memcpy(w, worker.data(), worker.size() * sizeof(float));
+  std::memcpy(sv, server.data(), server.size() * sizeof(float));
+  std::vector<float> scales = pending;  // the state's own stay deferred
+  settle_into(w, sv, scales.data());
+}
+
+WireState::Residuals WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
+  if (queue_ != queue) {
+    to_host();
+    if (queue) {
+      settle();  // the device keeps its residuals settled
+      DeviceRuntime& rt = device_runtime(queue->device().kind);
+      const int index = queue->device().index;
+      const size_t total = worker.size() + server.size();
+      device_ = static_cast<float*>(rt.alloc(index, total * sizeof(float)));
+      queue_ = queue;
+      queue->copy_async(device_, worker.data(), worker.size() * sizeof(float));
+      queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(float));
+    }
+  }
+  if (queue_) return {device_, device_ + worker.size(), nullptr};
+  return {worker.data(), server.data(), pending.data()};
+}
+
+void WireState::bind(size_t n, int participants, int index) {
+  const size_t own = Chunks{n, static_cast<size_t>(participants)}.size(static_cast<size_t>(index));
+  const size_t masks_n = mask_bytes(n, participants, index);
+  const size_t P = static_cast<size_t>(participants);
+  const size_t scales = (P + 1) * onebit_segments(n, P);
+  if (worker.empty() && server.empty() && masks.empty()) {
+    worker.assign(n, 0.0f);
+    server.assign(own, 0.0f);
+    masks.assign(masks_n, 0);
+  } else {
+    if (masks.empty()) masks.assign(masks_n, 0);  // restored from a state saved without caches
+    PYRING_CHECK_ARG(worker.size() == n && server.size() == own && masks.size() == masks_n,
+                     "OneBitState holds residuals for ", worker.size(), " elements (server chunk ",
+                     server.size(), ", ", masks.size(), " bytes of mask caches); this tensor has ",
+                     n, " on ", participants, " participants (chunk ", own, ", ", masks_n,
+                     " bytes): use one state per bucket");
+  }
+  if (n != n_ || participants != participants_ || index != index_) {
+    // Deferred scales are laid out by the shape they were deferred in (the sizes checked
+    // above keep that in bounds); on a device there are none.
+    if (!queue_) settle();
+    n_ = n;
+    participants_ = participants;
+    index_ = index;
+  }
+  if (pending.size() != scales) pending.assign(scales, 0.0f);  // settled above, or restored
+}
+
+}  // namespace pyring
