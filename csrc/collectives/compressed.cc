@@ -49,9 +49,11 @@ struct Slots {
 // The onebit schedule over `parts` (this rank is parts[me]) on x in place, pipelined by
 // segment: the payload of segment s follows its size (on lane 1 of the exchange), so a
 // receiver posts each payload as its size lands; the owner reduces segment s and sends the
-// result on while later segments still travel.
+// result on while later segments still travel. The owner's own chunk travels nowhere, so it
+// enters its sum exact, unencoded: its worker residual and its enc and recv mask caches stay
+// unused (zero). The sum is divided by `divisor` (1: sum; the world size: avg).
 void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
-                 const std::vector<int>& parts, int me, float alpha, WireState* state,
+                 const std::vector<int>& parts, int me, int divisor, WireState* state,
                  Deadline deadline) {
   const size_t P = parts.size(), m = static_cast<size_t>(me), S = onebit_segments(n, P);
   const Chunks ch{n, P};
@@ -62,7 +64,7 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   Slots out, in, res, back;  // [j * S + s], [i * S + s], [s], [j * S + s]
   for (size_t j = 0; j < P; ++j) {
     for (size_t s = 0; s < S; ++s) {
-      out.add(seg(j).size(s));
+      out.add(j == m ? 0 : seg(j).size(s));  // the own chunk is not encoded
       in.add(mine.size(s));
       back.add(seg(j).size(s));
     }
@@ -104,36 +106,38 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
       if (j != m) sizes_down[s]->recv(parts[j], span(&back_size[j * S + s], sizeof(uint64_t)));
     }
   }
-  // Phase A: segment s of chunk j encoded (the worker residual) and sent to its owner.
+  // Phase A: segment s of every other chunk j encoded (the worker residual) and sent to j's
+  // owner.
   for (size_t s = 0; s < S; ++s) {
-    for (size_t k = 1; k <= P; ++k) {
+    for (size_t k = 1; k < P; ++k) {
       const size_t j = (m + k) % P, q = j * S + s;
       const size_t off = ch.offset(j) + seg(j).offset(s);
       out_size[q] = codec.onebit_encode(x + off, worker + off, worker_pending(q), seg(j).size(s),
                                         send + out.at[q], c.enc[q]);
-      if (j == m) continue;
       sizes_up[s]->send(parts[j], span(&out_size[q], sizeof(uint64_t)));
       up[s]->send(parts[j], span(send + out.at[q], out_size[q]));
     }
   }
-  // Phase B: each segment of the owned chunk, once its copies are in, added in float32 in
-  // participant order, encoded again (the server residual) and sent to every participant.
+  // Phase B: each segment of the owned chunk, once its copies are in, added in float32 to this
+  // rank's own values (in participant order), encoded again (the server residual) and sent to
+  // every participant.
   for (size_t s = 0; s < S; ++s) {
     sizes_up[s]->wait();
     for (size_t i = 0; i < P; ++i) {
       if (i != m) up[s]->recv(parts[i], span(recv + in.at[i * S + s], in_size[i * S + s]));
     }
     up[s]->wait();
-    std::vector<uint8_t*> copies(P), caches(P);
-    std::vector<bool> local(P);
+    std::vector<uint8_t*> copies, caches;
     for (size_t i = 0; i < P; ++i) {
-      copies[i] = i == m ? send + out.at[m * S + s] : recv + in.at[i * S + s];
-      caches[i] = c.recv[i * S + s];
-      local[i] = i == m;
+      if (i == m) continue;
+      copies.push_back(recv + in.at[i * S + s]);
+      caches.push_back(c.recv[i * S + s]);
     }
-    res_size[s] = codec.onebit_reduce_encode(
-        copies.data(), local, caches.data(), mine.size(s), alpha, server + mine.offset(s),
-        server_pending(s), result + res.at[s], c.server[s], acc ? acc + mine.offset(s) : nullptr);
+    const float* own = x + ch.offset(m) + mine.offset(s);
+    res_size[s] = codec.onebit_reduce_encode(own, divisor, copies.data(), caches.data(),
+                                             copies.size(), mine.size(s), server + mine.offset(s),
+                                             server_pending(s), result + res.at[s], c.server[s],
+                                             acc ? acc + mine.offset(s) : nullptr);
     for (size_t i = 0; i < P; ++i) {
       if (i == m) continue;
       sizes_down[s]->send(parts[i], span(&res_size[s], sizeof(uint64_t)));
@@ -159,16 +163,16 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
 
 // The schedule of compressed.h over `parts` (this rank is parts[me]), on x in place.
 void flat(Communicator& comm, WireCodec& codec, float* x, size_t n, const std::vector<int>& parts,
-          int me, Wire wire, float alpha, WireState* state, Deadline deadline) {
+          int me, Wire wire, int divisor, WireState* state, Deadline deadline) {
   if (wire == Wire::kOnebit) {
-    return onebit_flat(comm, codec, x, n, parts, me, alpha, state, deadline);
+    return onebit_flat(comm, codec, x, n, parts, me, divisor, state, deadline);
   }
-  half_flat(comm, codec, x, n, parts, me, wire, alpha, deadline);
+  half_flat(comm, codec, x, n, parts, me, wire, 1.0f / static_cast<float>(divisor), deadline);
 }
 
 // Full precision inside this rank's group, the schedule between the groups' leaders.
 void hierarchical(Communicator& comm, WireCodec& codec, float* x, size_t n,
-                  const std::vector<std::vector<int>>& groups, Wire wire, float alpha,
+                  const std::vector<std::vector<int>>& groups, Wire wire, int divisor,
                   WireState* state, Deadline deadline) {
   const int rank = comm.rank();
   const std::vector<int>* group = nullptr;
@@ -209,7 +213,7 @@ void hierarchical(Communicator& comm, WireCodec& codec, float* x, size_t n,
   }
   // In rank order: the same sum on every run.
   for (size_t k = 0; k < members; ++k) codec.add(x, parts + k * n, n);
-  flat(comm, codec, x, n, leaders, me, wire, alpha, state, deadline);
+  flat(comm, codec, x, n, leaders, me, wire, divisor, state, deadline);
   codec.download(host, x, bytes);
   Exchange ex(comm, CollectiveKind::kAllReduce, deadline);
   for (size_t k = 0; k < members; ++k) ex.send((*group)[k + 1], whole);
@@ -271,13 +275,13 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
     f = codec.values(head);
     codec.to_float(x.data, dt, f, head);
   }
-  const float alpha = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(comm.size()) : 1.0f;
+  const int divisor = op == ReduceOp::kAvg ? comm.size() : 1;
   if (groups.empty()) {
     std::vector<int> all(static_cast<size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
-    flat(comm, codec, f, head, all, comm.rank(), wire, alpha, state, deadline);
+    flat(comm, codec, f, head, all, comm.rank(), wire, divisor, state, deadline);
   } else {
-    hierarchical(comm, codec, f, head, groups, wire, alpha, state, deadline);
+    hierarchical(comm, codec, f, head, groups, wire, divisor, state, deadline);
   }
   if (dt != DType::kFloat32) codec.from_float(f, dt, x.data, head);
   if (exact_tail > 0) {

@@ -4,9 +4,11 @@
 // The schedule over P participants (every rank, or the top-level groups' leaders), for a
 // float32 vector x of n elements cut into P chunks (chunk j owned by participant j):
 // 1. each participant encodes its chunks (onebit adds the state's worker residual first and
-//    keeps what the encoding dropped in it) and sends chunk j to its owner;
-// 2. the owner decodes the P copies of its chunk and adds them in float32, in participant
-//    order; avg scales by 1/world;
+//    keeps what the encoding dropped in it) and sends chunk j to its owner; onebit encodes only
+//    the P - 1 chunks that travel;
+// 2. the owner decodes the copies of its chunk and adds them in float32, in participant
+//    order; avg scales by 1/world. onebit's owner starts from its own chunk exact (divided by
+//    the world for avg) and adds the P - 1 decoded copies in participant order;
 // 3. it encodes the result again (onebit: the server residual) and sends it to every
 //    participant, which decodes every chunk into x.
 // Every participant ends with the same values. Hierarchical form (collectives/selector.h

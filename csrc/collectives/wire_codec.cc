@@ -115,16 +115,20 @@ void WireCodec::onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumula
   kern::onebit_decode(site_, h, mirror(enc), n, alpha, accumulate, out, nullptr);
 }
 
-size_t WireCodec::onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
-                                       uint8_t* const* caches, size_t n, float alpha,
+size_t WireCodec::onebit_reduce_encode(const float* own, int divisor, uint8_t* const* copies,
+                                       uint8_t* const* caches, size_t count, size_t n,
                                        float* residual, float* pending, uint8_t* out,
                                        uint8_t* cache, float* scratch) {
   if (!queue_) {
-    return pyring::onebit_reduce_encode(copies, caches, local.size(), n, alpha, residual, pending,
+    return pyring::onebit_reduce_encode(own, divisor, copies, caches, count, n, residual, pending,
                                         out, cache);
   }
-  for (size_t k = 0; k < local.size(); ++k) {
-    onebit_decode(copies[k], n, alpha, k > 0, scratch, caches[k], local[k]);
+  // finish_wide's avg is own[i] / divisor in float32, as the host's sum starts.
+  kern::finish_wide(site_, DType::kFloat32, divisor > 1 ? ReduceOp::kAvg : ReduceOp::kSum, own,
+                    scratch, n, divisor);
+  const float alpha = 1.0f / static_cast<float>(divisor);
+  for (size_t k = 0; k < count; ++k) {
+    onebit_decode(copies[k], n, alpha, true, scratch, caches[k], false);
   }
   return onebit_encode(scratch, residual, pending, n, out, cache);
 }

@@ -54,12 +54,14 @@ class WireCodec {
   void onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumulate, float* out,
                      uint8_t* cache, bool local);
 
-  // The owner's step: encodes (as onebit_encode, into `out`, ready to send) the sum over k of
-  // alpha * decode(copies[k]) with residual and pending; local[k] and caches[k] as for
-  // onebit_decode. On the host the sum is never stored; a device sums into `scratch` (n
-  // values at the site).
-  size_t onebit_reduce_encode(uint8_t* const* copies, const std::vector<bool>& local,
-                              uint8_t* const* caches, size_t n, float alpha, float* residual,
+  // The owner's step: encodes (as onebit_encode, into `out`, ready to send) own / divisor plus
+  // the sum of decode(copies[k]) / divisor in k order, as kernels/onebit.h's
+  // onebit_reduce_encode, with residual and pending. `own` (n values at the site) is this
+  // rank's segment, in exact; copies[k] (count of them) were received, with mask caches
+  // caches[k]. On the host the sum is never stored; a device sums into `scratch` (n values at
+  // the site).
+  size_t onebit_reduce_encode(const float* own, int divisor, uint8_t* const* copies,
+                              uint8_t* const* caches, size_t count, size_t n, float* residual,
                               float* pending, uint8_t* out, uint8_t* cache, float* scratch);
 
   // out = the 16-bit wire encoding of in[0, n) (2n bytes): ready to send on return, or, with

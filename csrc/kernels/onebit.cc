@@ -290,9 +290,11 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
   decode_span(signs, mask, n, alpha * h.scale, accumulate, out);
 }
 
-size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
-                            size_t n, float alpha, float* residual, float* pending, uint8_t* out,
-                            uint8_t* cache) {
+size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const* copies,
+                            uint8_t* const* caches, size_t count, size_t n, float* residual,
+                            float* pending, uint8_t* out, uint8_t* cache) {
+  PYRING_CHECK_ARG(divisor >= 1, "onebit_reduce_encode: divisor ", divisor, " is not >= 1");
+  const float div = static_cast<float>(divisor), alpha = 1.0f / div;
   std::vector<const uint8_t*> signs(count), masks(count);
   std::vector<float> pos(count);
   for (size_t k = 0; k < count; ++k) {  // every copy checked before any value is written
@@ -302,18 +304,31 @@ size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches
     masks[k] = mask_of(h, signs[k], n, caches[k]);
     pos[k] = alpha * h.scale;
   }
-  // Each block's sum, as onebit_decode would leave it in a buffer (kept in L1), encoded as
-  // onebit_encode_deferred does.
+  // Each block's sum, as finish_wide and onebit_decode would leave it in a buffer (kept in
+  // L1), encoded as onebit_encode_deferred does; the AVX2 path keeps it in registers.
   alignas(16) float sum[kBlock];
   const float was = *pending;
   double sumsq = 0.0;
   size_t zeros = 0;
   uint8_t* out_signs = out + sizeof(OnebitHeader);
   uint8_t* out_mask = out_signs + (n + 7) / 8;
+  const bool fused = onebit_avx2::available();
+  std::vector<const uint8_t*> at_signs(count), at_masks(count);
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t len = std::min(kBlock, n - b);
+    if (fused && len % 8 == 0) {
+      for (size_t k = 0; k < count; ++k) {
+        at_signs[k] = signs[k] + b / 8;
+        at_masks[k] = masks[k] ? masks[k] + b / 8 : nullptr;
+      }
+      onebit_avx2::reduce_encode_block(own + b, div, at_signs.data(), at_masks.data(), pos.data(),
+                                       count, len, residual + b, was, sumsq, zeros,
+                                       out_signs + b / 8, out_mask + b / 8);
+      continue;
+    }
+    for (size_t i = 0; i < len; ++i) sum[i] = own[b + i] / div;
     for (size_t k = 0; k < count; ++k) {
-      decode_span(signs[k] + b / 8, masks[k] ? masks[k] + b / 8 : nullptr, len, pos[k], k > 0, sum);
+      decode_span(signs[k] + b / 8, masks[k] ? masks[k] + b / 8 : nullptr, len, pos[k], true, sum);
     }
     encode_block(sum, residual + b, len, was, sumsq, zeros, out_signs + b / 8, out_mask + b / 8);
   }

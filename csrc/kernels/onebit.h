@@ -68,13 +68,15 @@ void onebit_settle(float* residual, size_t n, float* pending);
 size_t onebit_encode_deferred(const float* in, float* residual, float* pending, size_t n,
                               uint8_t* out, uint8_t* cache = nullptr);
 
-// onebit_encode_deferred(in = the sum over k of alpha * decode(copies[k], cache caches[k]), in
-// k order, residual, pending, n, out, cache), without storing the sum: the owner's step of the
-// compressed allreduce in one sweep over the residual. Throws as onebit_decode, before
-// writing anything.
-size_t onebit_reduce_encode(const uint8_t* const* copies, uint8_t* const* caches, size_t count,
-                            size_t n, float alpha, float* residual, float* pending, uint8_t* out,
-                            uint8_t* cache);
+// The owner's step of the compressed allreduce, in one sweep over the residual:
+// onebit_encode_deferred(in = own / divisor + the sum over k of decode(copies[k], cache
+// caches[k]) / divisor, residual, pending, n, out, cache), without storing the sum. The sum
+// starts at own[i] / divisor (float32 division: the owner's own values travel nowhere, so they
+// go in exact), then adds alpha * decode(copies[k]) in k order, alpha = 1 / divisor; divisor is
+// 1 (sum) or the world size (avg). Throws as onebit_decode, before writing anything.
+size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const* copies,
+                            uint8_t* const* caches, size_t count, size_t n, float* residual,
+                            float* pending, uint8_t* out, uint8_t* cache);
 
 // The mask caches applied to a segment that was encoded with none (a device encoder's): when
 // its mask equals the cache's, the header becomes kMaskCached and the mask is dropped;

@@ -16,6 +16,14 @@ namespace pyring::onebit_avx2 {
 bool available();
 void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
                   size_t& zeros, uint8_t* signs, uint8_t* mask);
+// onebit.cc's block sum of onebit_reduce_encode (own[i] / divisor, then each copy k decoded
+// and added in k order: sign bytes signs[k], zero bytes masks[k] or null, scale pos[k]), then
+// its encode_block, with no buffer: count (a multiple of 8) values from the start of a block,
+// bit for bit the same.
+void reduce_encode_block(const float* own, float divisor, const uint8_t* const* signs,
+                         const uint8_t* const* masks, const float* pos, size_t copies, size_t count,
+                         float* residual, float pending, double& sumsq, size_t& zeros,
+                         uint8_t* out_signs, uint8_t* out_mask);
 void settle_block(float* residual, size_t count, float scale);
 size_t decode_whole(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
                     bool accumulate, float* out);
