@@ -257,3 +257,38 @@ def _read_between_calls(rank, world, store):
 def test_reading_a_onebit_state_changes_no_later_call():
     for diffs, settled in run_ranks(2, _read_between_calls, timeout=300):
         assert diffs == [0, 0, 0, 0] and all(settled), (diffs, settled)
+
+
+def _half_reference(inputs: list, world: int, dtype, avg: bool):
+    """The 16-bit wires' result: chunk j's owner adds, in float32, its own values exact and the
+    others' rounded copies in rank order, divides once for avg, and rounds the sum."""
+    out = torch.empty_like(inputs[0])
+    for owner, (off, size) in enumerate(_split(inputs[0].numel(), world)):
+        s = inputs[owner][off:off + size].clone()
+        for i, x in enumerate(inputs):
+            if i != owner:
+                s = x[off:off + size].to(dtype).float() + s
+        if avg:
+            s = s / world
+        out[off:off + size] = s.to(dtype).float()
+    return out
+
+
+def _half_wires(rank, world, store):
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    n = world * 100_001 + 2  # uneven chunks
+    inputs = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    wrong = {}
+    for wire, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        for op in ("sum", "avg"):
+            x = inputs[rank].clone()
+            comm.all_reduce(x, op=op, wire=wire)
+            want = _half_reference(inputs, world, dtype, op == "avg")
+            wrong[f"{wire}/{op}"] = int((x != want).sum())
+    comm.close()
+    return wrong
+
+
+def test_half_wires_add_the_owners_chunk_exact():
+    for got in run_ranks(3, _half_wires, timeout=300):
+        assert set(got.values()) == {0}, got

@@ -167,7 +167,7 @@ void flat(Communicator& comm, WireCodec& codec, float* x, size_t n, const std::v
   if (wire == Wire::kOnebit) {
     return onebit_flat(comm, codec, x, n, parts, me, divisor, state, deadline);
   }
-  half_flat(comm, codec, x, n, parts, me, wire, 1.0f / static_cast<float>(divisor), deadline);
+  half_flat(comm, codec, x, n, parts, me, wire, divisor, deadline);
 }
 
 // Full precision inside this rank's group, the schedule between the groups' leaders.

@@ -3,12 +3,12 @@
 //
 // The schedule over P participants (every rank, or the top-level groups' leaders), for a
 // float32 vector x of n elements cut into P chunks (chunk j owned by participant j):
-// 1. each participant encodes its chunks (onebit adds the state's worker residual first and
-//    keeps what the encoding dropped in it) and sends chunk j to its owner; onebit encodes only
-//    the P - 1 chunks that travel;
-// 2. the owner decodes the copies of its chunk and adds them in float32, in participant
-//    order; avg scales by 1/world. onebit's owner starts from its own chunk exact (divided by
-//    the world for avg) and adds the P - 1 decoded copies in participant order;
+// 1. each participant encodes the P - 1 chunks it does not own (onebit adds the state's worker
+//    residual first and keeps what the encoding dropped in it) and sends chunk j to its owner;
+//    its own chunk travels nowhere and is not encoded;
+// 2. the owner adds, in float32, its own chunk exact first, then the others' decoded copies in
+//    participant order; avg divides by the world (the 16-bit wires divide the sum once; onebit
+//    divides each term, its decode scaling by 1 / world);
 // 3. it encodes the result again (onebit: the server residual) and sends it to every
 //    participant, which decodes every chunk into x.
 // Every participant ends with the same values. Hierarchical form (collectives/selector.h

@@ -13,24 +13,48 @@ namespace pyring {
 
 namespace {
 
-template <class H, bool Acc>
-void decode_typed(const uint8_t* enc, size_t n, float alpha, float* out) {
+template <class H>
+void decode_typed(const uint8_t* enc, size_t n, float* out) {
   const H* h = reinterpret_cast<const H*>(enc);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = alpha * to_float(h[i]);
-    out[i] = Acc ? out[i] + v : v;
+  for (size_t i = 0; i < n; ++i) out[i] = to_float(h[i]);
+}
+
+}  // namespace
+
+void half_decode(Wire w, const uint8_t* enc, size_t n, float* out) {
+  if (w == Wire::kBf16) return decode_typed<BFloat16>(enc, n, out);
+  decode_typed<Half>(enc, n, out);
+}
+
+namespace {
+
+template <class H>
+void sum_typed(const float* own, float divisor, const uint8_t* const* copies, size_t count,
+               size_t n, float* out) {
+  constexpr size_t kBlock = 2048;  // the running sum stays in L1
+  float s[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t len = std::min(kBlock, n - b);
+    for (size_t i = 0; i < len; ++i) s[i] = own[b + i];
+    for (size_t k = 0; k < count; ++k) {
+      const H* h = reinterpret_cast<const H*>(copies[k]) + b;
+      for (size_t i = 0; i < len; ++i) s[i] = to_float(h[i]) + s[i];  // accumulate's order
+    }
+    if (divisor != 1.0f) {
+      for (size_t i = 0; i < len; ++i) out[b + i] = s[i] / divisor;
+    } else {
+      for (size_t i = 0; i < len; ++i) out[b + i] = s[i];
+    }
   }
 }
 
 }  // namespace
 
-void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out) {
-  if (w == Wire::kBf16) {
-    return accumulate ? decode_typed<BFloat16, true>(enc, n, alpha, out)
-                      : decode_typed<BFloat16, false>(enc, n, alpha, out);
-  }
-  return accumulate ? decode_typed<Half, true>(enc, n, alpha, out)
-                    : decode_typed<Half, false>(enc, n, alpha, out);
+void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
+              size_t n, float* out) {
+  const float div = static_cast<float>(divisor);
+  if (w == Wire::kBf16) return sum_typed<BFloat16>(own, div, copies, count, n, out);
+  sum_typed<Half>(own, div, copies, count, n, out);
 }
 
 size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
@@ -47,7 +71,7 @@ size_t half_segments(size_t widest, double slowest_bytes_per_s) {
 }
 
 void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
-               const std::vector<int>& parts, int me, Wire wire, float alpha, Deadline deadline) {
+               const std::vector<int>& parts, int me, Wire wire, int divisor, Deadline deadline) {
   const size_t P = parts.size(), m = static_cast<size_t>(me);
   const Chunks ch{n, P};
   const size_t own = ch.size(m);
@@ -85,29 +109,28 @@ void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
       }
     }
   }
+  // This rank's own chunk travels nowhere: it is not encoded, and enters its sum exact.
   for (size_t s = 0; s < S; ++s) {
-    for (size_t k = 1; k <= P; ++k) {  // this rank's own segment last: it waits for no link
+    for (size_t k = 1; k < P; ++k) {
       const size_t j = (m + k) % P;
       const Chunks c = seg(j);
       const size_t off = ch.offset(j) + c.offset(s);
-      codec.half_encode(wire, x + off, c.size(s), send + 2 * off, j == m);
-      if (j != m) up[s]->send(parts[j], Span{send + 2 * off, 2 * c.size(s)});
+      codec.half_encode(wire, x + off, c.size(s), send + 2 * off);
+      up[s]->send(parts[j], Span{send + 2 * off, 2 * c.size(s)});
     }
   }
-  // Phase B: each segment of the owned chunk added in float32 once its copies are in, encoded
-  // again and sent to every rank at once.
+  // Phase B: each segment of the owned chunk, once its copies are in, added in float32 to this
+  // rank's own values, encoded again and sent to every rank at once.
   for (size_t s = 0; s < S; ++s) {
     up[s]->wait();
     const size_t len = mine.size(s);
     float* a = acc + mine.offset(s);
-    std::vector<const uint8_t*> copies(P);
-    std::vector<bool> local(P);
+    std::vector<const uint8_t*> copies;
     for (size_t i = 0; i < P; ++i) {
-      copies[i] = i == m ? send + 2 * (ch.offset(m) + mine.offset(s))
-                         : recv + 2 * (i * own + mine.offset(s));
-      local[i] = i == m;
+      if (i != m) copies.push_back(recv + 2 * (i * own + mine.offset(s)));
     }
-    codec.half_sum(wire, copies.data(), local, len, alpha, comm.size(), a);
+    codec.half_sum(wire, x + ch.offset(m) + mine.offset(s), divisor, copies.data(), copies.size(),
+                   len, a);
     uint8_t* out = back + 2 * (ch.offset(m) + mine.offset(s));
     codec.half_encode(wire, a, len, out);
     for (size_t i = 0; i < P; ++i) {

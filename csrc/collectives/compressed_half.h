@@ -29,14 +29,19 @@ constexpr size_t kHalfFineSegments = 16;
 // link of the call's ranks is rated `slowest_bytes_per_s`.
 size_t half_segments(size_t widest, double slowest_bytes_per_s);
 
-// out = alpha * decoded 16-bit values (or out += with accumulate), in one pass.
-void half_decode(Wire w, const uint8_t* enc, size_t n, float alpha, bool accumulate, float* out);
+// out = the decoded 16-bit values.
+void half_decode(Wire w, const uint8_t* enc, size_t n, float* out);
 // out = the 16-bit encoding of in; returns the bytes written (2n).
 size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out);
+// The owner's sum: out[i] = (own[i] + decode(copies[0])[i] + ... + decode(copies[count - 1])[i])
+// / divisor in float32, added in that order (divisor 1: no division), in one pass over out. The
+// device path's kernels (accumulate, then finish_wide) give the same bits.
+void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
+              size_t n, float* out);
 
 // The flat schedule over `parts` (this rank is parts[me]) on x in place (at the codec's site),
 // for wire kFp16 or kBf16.
 void half_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
-               const std::vector<int>& parts, int me, Wire wire, float alpha, Deadline deadline);
+               const std::vector<int>& parts, int me, Wire wire, int divisor, Deadline deadline);
 
 }  // namespace pyring

@@ -133,38 +133,32 @@ size_t WireCodec::onebit_reduce_encode(const float* own, int divisor, uint8_t* c
   return onebit_encode(scratch, residual, pending, n, out, cache);
 }
 
-void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local) {
+void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
   if (!queue_) {
     pyring::half_encode(w, in, n, out);
     return;
   }
   kern::cast(site_, DType::kFloat32, wire_dtype(w), in, mirror(out), n);
-  if (!local) download(out, mirror(out), 2 * n);
+  download(out, mirror(out), 2 * n);
 }
 
-void WireCodec::half_sum(Wire w, const uint8_t* const* copies, const std::vector<bool>& local,
-                         size_t n, float alpha, int world, float* out) {
-  if (!queue_) {
-    for (size_t k = 0; k < local.size(); ++k) {
-      pyring::half_decode(w, copies[k], n, alpha, k > 0, out);
-    }
-    return;
-  }
+void WireCodec::half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies,
+                         size_t count, size_t n, float* out) {
+  if (!queue_) return pyring::half_sum(w, own, divisor, copies, count, n, out);
+  kern::copy(site_, out, own, n * sizeof(float));
   const DType dt = wire_dtype(w);
-  for (size_t k = 0; k < local.size(); ++k) {
+  for (size_t k = 0; k < count; ++k) {
     uint8_t* src = mirror(copies[k]);
-    if (!local[k]) upload(src, copies[k], 2 * n);
-    if (k == 0) {
-      kern::cast(site_, dt, DType::kFloat32, src, out, n);
-    } else {
-      kern::accumulate(site_, dt, ReduceOp::kSum, src, out, out, n);
-    }
+    upload(src, copies[k], 2 * n);
+    kern::accumulate(site_, dt, ReduceOp::kSum, src, out, out, n);
   }
-  if (alpha != 1.0f) kern::finish_wide(site_, DType::kFloat32, ReduceOp::kAvg, out, out, n, world);
+  if (divisor > 1) {
+    kern::finish_wide(site_, DType::kFloat32, ReduceOp::kAvg, out, out, n, divisor);
+  }
 }
 
 void WireCodec::half_decode(Wire w, const uint8_t* enc, size_t n, float* out, bool local) {
-  if (!queue_) return pyring::half_decode(w, enc, n, 1.0f, false, out);
+  if (!queue_) return pyring::half_decode(w, enc, n, out);
   uint8_t* src = mirror(enc);
   if (!local) upload(src, enc, 2 * n);
   kern::cast(site_, wire_dtype(w), DType::kFloat32, src, out, n);

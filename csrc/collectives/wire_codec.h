@@ -64,13 +64,13 @@ class WireCodec {
                               uint8_t* const* caches, size_t count, size_t n, float* residual,
                               float* pending, uint8_t* out, uint8_t* cache, float* scratch);
 
-  // out = the 16-bit wire encoding of in[0, n) (2n bytes): ready to send on return, or, with
-  // `local`, only for this codec's own decode (a device leaves it in the mirror).
-  void half_encode(Wire w, const float* in, size_t n, uint8_t* out, bool local = false);
-  // out = the sum over k of alpha * decode(copies[k]) in float32, in k order; local[k] as for
-  // onebit_decode. alpha is 1 or 1 / world.
-  void half_sum(Wire w, const uint8_t* const* copies, const std::vector<bool>& local, size_t n,
-                float alpha, int world, float* out);
+  // out = the 16-bit wire encoding of in[0, n) (2n bytes), ready to send on return.
+  void half_encode(Wire w, const float* in, size_t n, uint8_t* out);
+  // out (n values at the site) = compressed_half.h's half_sum of own (n values at the site, this
+  // rank's segment, exact) and the `count` received copies, divided by divisor (1: sum; the
+  // world size: avg).
+  void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
+                size_t n, float* out);
   // out = decode(enc).
   void half_decode(Wire w, const uint8_t* enc, size_t n, float* out, bool local);
 
