@@ -196,9 +196,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PYRING_SIM_IPC", "`refuse`", None,
             "the sim runtime refuses IPC handles, as a runtime without IPC does: device links "
             "fall back to staging", for_tests=True),
-    Setting("PYRING_ONEBIT_SIMD", "`sse`", None,
-            "the one-bit codec keeps to its SSE kernels where the CPU has AVX2; the two give "
-            "the same bytes, and a test checks it", for_tests=True),
+    Setting("PYRING_SIMD", "`sse`", None,
+            "the host's one-bit codec and float16 wire casts keep to their SSE2 and scalar "
+            "forms where the CPU has AVX2; the two give the same bits, and tests check it",
+            for_tests=True),
     Setting("PYRING_EMULATE_HOST", "host name", None,
             "set by `pyring._emulate` in each emulated host's ranks: the host identity they "
             "publish at rendezvous", for_tests=True),

@@ -229,7 +229,7 @@ def _onebit_segments(rank, world, store):
 @pytest.mark.parametrize("simd", ["avx2", "sse"])
 def test_onebit_pipelined_by_segment_matches_the_kernels(simd):
     # avx2: the owner's sum in registers where the CPU has AVX2; sse: through a block buffer.
-    assert run_ranks(3, _onebit_segments, env={"PYRING_ONEBIT_SIMD": simd},
+    assert run_ranks(3, _onebit_segments, env={"PYRING_SIMD": simd},
                      timeout=300) == [0, 0, 0]
 
 

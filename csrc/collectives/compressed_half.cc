@@ -6,59 +6,45 @@
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
 #include "collectives/selector.h"
-#include "kernels/half.h"
 #include "kernels/wire_cast.h"
 
 namespace pyring {
 
 namespace {
 
-template <class H>
-void decode_typed(const uint8_t* enc, size_t n, float* out) {
-  const H* h = reinterpret_cast<const H*>(enc);
-  for (size_t i = 0; i < n; ++i) out[i] = to_float(h[i]);
+DType half_dtype(Wire w) {
+  return w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16;
 }
 
 }  // namespace
 
 void half_decode(Wire w, const uint8_t* enc, size_t n, float* out) {
-  if (w == Wire::kBf16) return decode_typed<BFloat16>(enc, n, out);
-  decode_typed<Half>(enc, n, out);
+  wire_cast(half_dtype(w), DType::kFloat32, enc, out, n);
 }
 
-namespace {
-
-template <class H>
-void sum_typed(const float* own, float divisor, const uint8_t* const* copies, size_t count,
-               size_t n, float* out) {
-  constexpr size_t kBlock = 2048;  // the running sum stays in L1
-  float s[kBlock];
+void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
+              size_t n, float* out) {
+  constexpr size_t kBlock = 2048;  // the running sum and a decoded block stay in L1
+  const float div = static_cast<float>(divisor);
+  const DType dt = half_dtype(w);
+  float s[kBlock], t[kBlock];
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t len = std::min(kBlock, n - b);
     for (size_t i = 0; i < len; ++i) s[i] = own[b + i];
     for (size_t k = 0; k < count; ++k) {
-      const H* h = reinterpret_cast<const H*>(copies[k]) + b;
-      for (size_t i = 0; i < len; ++i) s[i] = to_float(h[i]) + s[i];  // accumulate's order
+      wire_cast(dt, DType::kFloat32, copies[k] + 2 * b, t, len);
+      for (size_t i = 0; i < len; ++i) s[i] = t[i] + s[i];  // accumulate's operand order
     }
-    if (divisor != 1.0f) {
-      for (size_t i = 0; i < len; ++i) out[b + i] = s[i] / divisor;
+    if (divisor != 1) {
+      for (size_t i = 0; i < len; ++i) out[b + i] = s[i] / div;
     } else {
       for (size_t i = 0; i < len; ++i) out[b + i] = s[i];
     }
   }
 }
 
-}  // namespace
-
-void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
-              size_t n, float* out) {
-  const float div = static_cast<float>(divisor);
-  if (w == Wire::kBf16) return sum_typed<BFloat16>(own, div, copies, count, n, out);
-  sum_typed<Half>(own, div, copies, count, n, out);
-}
-
 size_t half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
-  wire_cast(DType::kFloat32, w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16, in, out, n);
+  wire_cast(DType::kFloat32, half_dtype(w), in, out, n);
   return 2 * n;
 }
 

@@ -1,9 +1,7 @@
 #include "kernels/onebit_avx2.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "kernels/elementwise.h"
+#include "kernels/simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -18,11 +16,7 @@ constexpr size_t kStreamFrom = size_t{1} << 18;
 }  // namespace
 
 bool available() {
-  static const bool yes = [] {
-    const char* simd = std::getenv("PYRING_ONEBIT_SIMD");
-    return !(simd && std::strcmp(simd, "sse") == 0) && __builtin_cpu_supports("avx2");
-  }();
-  return yes;
+  return host_avx2();
 }
 
 // One lane group of settle: r - decode(r) with scale p (0 where r == 0), as the encoder's

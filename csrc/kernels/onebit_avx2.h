@@ -12,7 +12,7 @@
 
 namespace pyring::onebit_avx2 {
 
-// The CPU runs AVX2 (and pyring was built for x86-64), and PYRING_ONEBIT_SIMD is not `sse`.
+// host_avx2() (kernels/simd.h).
 bool available();
 void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
                   size_t& zeros, uint8_t* signs, uint8_t* mask);
