@@ -24,7 +24,7 @@ from pathlib import Path
 
 from machine import describe  # noqa: E402
 
-WIRES = ("fp32", "bf16", "onebit")
+WIRES = ("fp32", "fp16", "bf16", "onebit")
 
 
 def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
