@@ -332,7 +332,11 @@ def _single_copy_split_mismatch(rank, world, store):
     try:
         comm.all_to_all_single(out, inp, splits_out, splits_in)
     except pyring.Error as e:
+        store.set("mismatch_seen", "1")
         return str(e)
+    # Rank 0's call completes once its bytes are in rank 1's slots; it stays alive until rank 1
+    # has read them, or rank 1 may see it exit first and report that instead.
+    store.get("mismatch_seen")
     return None
 
 
