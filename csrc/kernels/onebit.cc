@@ -8,6 +8,7 @@
 #include "core/errors.h"
 #include "kernels/elementwise.h"
 #include "kernels/onebit_avx2.h"
+#include "kernels/simd.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -87,7 +88,7 @@ namespace {
 // same lane order on every path; its sign and zero bytes.
 void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
                   size_t& zeros, uint8_t* signs, uint8_t* mask) {
-  if (onebit_avx2::available()) {
+  if (host_avx2()) {
     return onebit_avx2::encode_block(in, residual, count, pending, sumsq, zeros, signs, mask);
   }
   const size_t whole = count / 8;
@@ -135,7 +136,7 @@ void encode_block(const float* in, float* residual, size_t count, float pending,
 
 // residual[0, count) = onebit_settled(residual, scale).
 void settle_block(float* residual, size_t count, float scale) {
-  if (onebit_avx2::available()) return onebit_avx2::settle_block(residual, count, scale);
+  if (host_avx2()) return onebit_avx2::settle_block(residual, count, scale);
   for (size_t i = 0; i < count; ++i) residual[i] = onebit_settled(residual[i], scale);
 }
 
@@ -144,7 +145,7 @@ void settle_block(float* residual, size_t count, float scale) {
 void decode_span(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
                  bool accumulate, float* out) {
   size_t j = 0;
-  if (onebit_avx2::available()) {
+  if (host_avx2()) {
     j = onebit_avx2::decode_whole(signs, mask, count, pos, accumulate, out);
   } else {
 #if defined(__SSE2__)
@@ -312,7 +313,7 @@ size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const*
   size_t zeros = 0;
   uint8_t* out_signs = out + sizeof(OnebitHeader);
   uint8_t* out_mask = out_signs + (n + 7) / 8;
-  const bool fused = onebit_avx2::available();
+  const bool fused = host_avx2();
   std::vector<const uint8_t*> at_signs(count), at_masks(count);
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t len = std::min(kBlock, n - b);

@@ -1,7 +1,6 @@
 #include "kernels/onebit_avx2.h"
 
 #include "kernels/elementwise.h"
-#include "kernels/simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -14,10 +13,6 @@ namespace pyring::onebit_avx2 {
 namespace {
 constexpr size_t kStreamFrom = size_t{1} << 18;
 }  // namespace
-
-bool available() {
-  return host_avx2();
-}
 
 // One lane group of settle: r - decode(r) with scale p (0 where r == 0), as the encoder's
 // residual; with p == 0 it is r, bit for bit.
@@ -140,9 +135,6 @@ __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const 
 
 #else
 
-bool available() {
-  return false;
-}
 void encode_block(const float*, float*, size_t, float, double&, size_t&, uint8_t*, uint8_t*) {}
 void reduce_encode_block(const float*, float, const uint8_t* const*, const uint8_t* const*,
                          const float*, size_t, size_t, float*, float, double&, size_t&, uint8_t*,

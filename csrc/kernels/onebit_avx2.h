@@ -1,7 +1,7 @@
 // AVX2 versions of the one-bit block sweeps of kernels/onebit.cc, chosen at run time where the
-// CPU has AVX2. They give the same bytes and floats bit for bit: the same additions in the
-// same lane order (eight lanes are the SSE path's two registers side by side) and no fused
-// multiply-add. Arguments as onebit.cc's encode_block, settle_block and decode_span;
+// CPU has AVX2 (host_avx2(), kernels/simd.h). They give the same bytes and floats bit for bit: the
+// same additions in the same lane order (eight lanes are the SSE path's two registers side by side)
+// and no fused multiply-add. Arguments as onebit.cc's encode_block, settle_block and decode_span;
 // decode_whole decodes only the whole bytes of signs (8 values each) and returns how many.
 #pragma once
 
@@ -12,8 +12,6 @@
 
 namespace pyring::onebit_avx2 {
 
-// host_avx2() (kernels/simd.h).
-bool available();
 void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
                   size_t& zeros, uint8_t* signs, uint8_t* mask);
 // onebit.cc's block sum of onebit_reduce_encode (own[i] / divisor, then each copy k decoded
