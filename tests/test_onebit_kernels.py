@@ -206,6 +206,28 @@ for n in (1, 7, 8, 9, 4095, 4096, 4097, 100003):
         out.append((enc[:b].tobytes(), d.tobytes(), p.tobytes()))
     _C.onebit_settle(d.ctypes.data, n, p.ctypes.data)
     out.append((d.tobytes(), p.tobytes()))
+# The owner's step: every unrolled copy count and the loop past them, every way of dividing
+# (none, by a power of two, by any other count), copies with and without zeros.
+for n in (8, 4096, 12296):
+    for copies in (1, 2, 3, 4, 6):
+        encs = []
+        for k in range(copies):
+            c = rng.standard_normal(n).astype(np.float32)
+            if k % 2:
+                c[::7] = 0
+            e = np.zeros(_C.onebit_max_bytes(n), np.uint8)
+            _C.onebit_encode(c.ctypes.data, 0, n, e.ctypes.data, 0)
+            encs.append(e)
+        for divisor in (1, 2, 3, 4, copies + 1):
+            own = rng.standard_normal(n).astype(np.float32)
+            own[::11] = 0
+            r = (rng.standard_normal(n) * 0.1).astype(np.float32)
+            p = np.full(1, 0.25, np.float32)
+            res = np.zeros(_C.onebit_max_bytes(n), np.uint8)
+            b = _C.onebit_reduce_encode(own.ctypes.data, divisor, [e.ctypes.data for e in encs],
+                                        [0] * copies, n, r.ctypes.data, p.ctypes.data,
+                                        res.ctypes.data, 0)
+            out.append((n, copies, divisor, res[:b].tobytes(), r.tobytes(), p.tobytes()))
 sys.stdout.buffer.write(pickle.dumps(out))
 """
 

@@ -91,6 +91,32 @@ void register_kernels(py::module_& m) {
       py::arg("encoded"), py::arg("n"), py::arg("alpha"), py::arg("accumulate"), py::arg("out"),
       py::arg("cache") = 0,
       "out = alpha * decode (or += with accumulate), with the decoder's mask cache (0: none).");
+  m.def(
+      "onebit_reduce_encode",
+      [](uintptr_t own, int divisor, const std::vector<uintptr_t>& copies,
+         const std::vector<uintptr_t>& caches, size_t n, uintptr_t residual, uintptr_t pending,
+         uintptr_t out, uintptr_t cache) {
+        PYRING_CHECK_ARG(caches.size() == copies.size(), "onebit_reduce_encode: ", copies.size(),
+                         " copies but ", caches.size(), " caches");
+        PYRING_CHECK_ARG(residual != 0 && pending != 0,
+                         "onebit_reduce_encode: residual and pending are required");
+        std::vector<const uint8_t*> c(copies.size());
+        std::vector<uint8_t*> k(caches.size());
+        for (size_t i = 0; i < c.size(); ++i) {
+          c[i] = reinterpret_cast<const uint8_t*>(copies[i]);
+          k[i] = reinterpret_cast<uint8_t*>(caches[i]);
+        }
+        py::gil_scoped_release nogil;
+        return onebit_reduce_encode(
+            reinterpret_cast<const float*>(own), divisor, c.data(), k.data(), c.size(), n,
+            reinterpret_cast<float*>(residual), reinterpret_cast<float*>(pending),
+            reinterpret_cast<uint8_t*>(out), reinterpret_cast<uint8_t*>(cache));
+      },
+      py::arg("own"), py::arg("divisor"), py::arg("copies"), py::arg("caches"), py::arg("n"),
+      py::arg("residual"), py::arg("pending"), py::arg("out"), py::arg("cache") = 0,
+      "The owner's step: own / divisor plus each encoded copy decoded / divisor (copy k with "
+      "decoder cache caches[k], 0: none), encoded with the deferred residual; returns the bytes "
+      "written.");
   m.def("onebit_cache_bytes", &onebit_cache_bytes, py::arg("n"),
         "The bytes of one stream's mask cache for segments of n values (zeroed before use).");
 }

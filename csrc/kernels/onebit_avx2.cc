@@ -1,5 +1,7 @@
 #include "kernels/onebit_avx2.h"
 
+#include <cmath>
+
 #include "kernels/elementwise.h"
 
 #if defined(__x86_64__)
@@ -22,16 +24,17 @@ __attribute__((target("avx2"))) inline __m256 settled(__m256 r, __m256 p) {
       r, _mm256_andnot_ps(zr, _mm256_or_ps(_mm256_and_ps(r, _mm256_set1_ps(-0.0f)), p)));
 }
 
-// The eight values at v into the block's running figures: v + settled(residual) (residual
-// null: v) stored back in the residual, its squares into acc, its zeros into zero_lanes (-1
-// each), its sign and zero bytes.
-__attribute__((target("avx2"))) inline void encode8(__m256 v, float* residual, __m256 p,
-                                                    __m256& acc, __m256i& zero_lanes, uint8_t* sign,
-                                                    uint8_t* mask) {
-  if (residual) {
-    v = _mm256_add_ps(v, settled(_mm256_loadu_ps(residual), p));
-    _mm256_storeu_ps(residual, v);
-  }
+// v + settled(residual), stored back in the residual.
+__attribute__((target("avx2"))) inline __m256 fed(__m256 v, float* residual, __m256 p) {
+  v = _mm256_add_ps(v, settled(_mm256_loadu_ps(residual), p));
+  _mm256_storeu_ps(residual, v);
+  return v;
+}
+
+// The eight values v into the block's running figures: their squares into acc, their zeros
+// into zero_lanes (-1 each), their sign and zero bytes.
+__attribute__((target("avx2"))) inline void figures8(__m256 v, __m256& acc, __m256i& zero_lanes,
+                                                     uint8_t* sign, uint8_t* mask) {
   const __m256 zv = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ);
   acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
   zero_lanes = _mm256_add_epi32(zero_lanes, _mm256_castps_si256(zv));
@@ -53,15 +56,32 @@ __attribute__((target("avx2"))) inline void add_figures(__m256 acc, __m256i zero
   zeros += static_cast<size_t>(-total);
 }
 
+// Lane k of entry b is the float sign bit where bit k of byte b is set, else 0: one load
+// turns a sign byte into its eight lanes' signs, and an arithmetic shift turns a zero byte
+// into its lanes' masks (a third of the instructions of deriving them from the byte).
+struct SignTable {
+  alignas(32) uint32_t lanes[256][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b) {
+      for (int k = 0; k < 8; ++k) lanes[b][k] = (b >> k) & 1 ? 0x80000000u : 0u;
+    }
+  }
+};
+const SignTable kSigns;
+
+__attribute__((target("avx2"))) inline __m256i sign_lanes(uint8_t b) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(kSigns.lanes[b]));
+}
+
 // Eight decoded values: bit k of sign byte s to lane k as -pos where set, else +pos; 0 where
 // bit k of zero byte z is set.
+__attribute__((target("avx2"))) inline __m256 decoded8(uint8_t s, __m256 p) {
+  return _mm256_or_ps(_mm256_castsi256_ps(sign_lanes(s)), p);
+}
 __attribute__((target("avx2"))) inline __m256 decoded8(uint8_t s, uint8_t z, __m256 p) {
-  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i sl = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(s), bits), bits);
-  const __m256 d = _mm256_or_ps(_mm256_castsi256_ps(_mm256_slli_epi32(sl, 31)), p);
+  const __m256 d = decoded8(s, p);
   if (z == 0) return d;
-  const __m256i zl = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(z), bits), bits);
-  return _mm256_andnot_ps(_mm256_castsi256_ps(zl), d);
+  return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_srai_epi32(sign_lanes(z), 31)), d);
 }
 
 __attribute__((target("avx2"))) void encode_block(const float* in, float* residual, size_t count,
@@ -72,30 +92,109 @@ __attribute__((target("avx2"))) void encode_block(const float* in, float* residu
   __m256i zero_lanes = _mm256_setzero_si256();
   const __m256 p = _mm256_set1_ps(pending);
   for (size_t j = 0; j < whole; ++j) {
-    encode8(_mm256_loadu_ps(in + 8 * j), residual ? residual + 8 * j : nullptr, p, acc, zero_lanes,
-            signs + j, mask + j);
+    __m256 v = _mm256_loadu_ps(in + 8 * j);
+    if (residual) v = fed(v, residual + 8 * j, p);
+    figures8(v, acc, zero_lanes, signs + j, mask + j);
   }
   add_figures(acc, zero_lanes, sumsq, zeros);
   onebit_encode_tail(in + 8 * whole, residual ? residual + 8 * whole : nullptr, count % 8, pending,
                      sumsq, zeros, signs + whole, mask + whole);
 }
 
+namespace {
+
+// own[i] / divisor for eight values: a product where 1 / divisor is exact (a power of two:
+// the same float as the quotient), the quotient itself otherwise (three ranks and more
+// averaging over a count that is not one). Division costs several times a product's
+// throughput and ran once per eight values of every owned chunk.
+enum class Scaling { kNone, kProduct, kQuotient };
+
+Scaling scaling_of(float divisor) {
+  if (divisor == 1.0f) return Scaling::kNone;
+  int e = 0;
+  return std::frexp(divisor, &e) == 0.5f ? Scaling::kProduct : Scaling::kQuotient;
+}
+
+template <Scaling kScaling>
+__attribute__((target("avx2"))) inline __m256 scaled(__m256 v, __m256 div, __m256 inv) {
+  if constexpr (kScaling == Scaling::kNone) return v;
+  if constexpr (kScaling == Scaling::kProduct) return _mm256_mul_ps(v, inv);
+  return _mm256_div_ps(v, div);
+}
+
+// onebit_reduce_encode's block: its arguments.
+struct ReduceBlock {
+  const float* own;
+  float divisor;
+  const uint8_t* const* signs;
+  const uint8_t* const* masks;
+  const float* pos;
+  size_t copies;
+  size_t count;
+  float* residual;
+  float pending;
+  uint8_t* out_signs;
+  uint8_t* out_mask;
+};
+
+constexpr size_t kHeldCopies = 16;  // up to this many copies, their scales are broadcast once
+
+// kCopies: the block's copies where it is one of the few instantiated (the inner loop then
+// unrolls), 0 for any other count.
+template <Scaling kScaling, size_t kCopies>
+__attribute__((target("avx2"))) void reduce_encode_scaled(const ReduceBlock& b, double& sumsq,
+                                                          size_t& zeros) {
+  const size_t copies = kCopies ? kCopies : b.copies;
+  __m256 acc = _mm256_setzero_ps();
+  __m256i zero_lanes = _mm256_setzero_si256();
+  const __m256 p = _mm256_set1_ps(b.pending), div = _mm256_set1_ps(b.divisor),
+               inv = _mm256_set1_ps(1.0f / b.divisor);
+  __m256 held[kHeldCopies];
+  const bool all_held = copies <= kHeldCopies;
+  for (size_t k = 0; all_held && k < copies; ++k) held[k] = _mm256_set1_ps(b.pos[k]);
+  for (size_t j = 0; j < b.count / 8; ++j) {
+    __m256 sum = scaled<kScaling>(_mm256_loadu_ps(b.own + 8 * j), div, inv);
+    for (size_t k = 0; k < copies; ++k) {  // decode_whole's accumulate: d + sum
+      const __m256 pk = all_held ? held[k] : _mm256_set1_ps(b.pos[k]);
+      const uint8_t s = b.signs[k][j];
+      sum = _mm256_add_ps(b.masks[k] ? decoded8(s, b.masks[k][j], pk) : decoded8(s, pk), sum);
+    }
+    figures8(fed(sum, b.residual + 8 * j, p), acc, zero_lanes, b.out_signs + j, b.out_mask + j);
+  }
+  add_figures(acc, zero_lanes, sumsq, zeros);
+}
+
+template <Scaling kScaling>
+__attribute__((target("avx2"))) void reduce_encode_counted(const ReduceBlock& b, double& sumsq,
+                                                           size_t& zeros) {
+  switch (b.copies) {
+    case 1:
+      return reduce_encode_scaled<kScaling, 1>(b, sumsq, zeros);
+    case 2:
+      return reduce_encode_scaled<kScaling, 2>(b, sumsq, zeros);
+    case 3:
+      return reduce_encode_scaled<kScaling, 3>(b, sumsq, zeros);
+    default:
+      return reduce_encode_scaled<kScaling, 0>(b, sumsq, zeros);
+  }
+}
+
+}  // namespace
+
 __attribute__((target("avx2"))) void reduce_encode_block(
     const float* own, float divisor, const uint8_t* const* signs, const uint8_t* const* masks,
     const float* pos, size_t copies, size_t count, float* residual, float pending, double& sumsq,
     size_t& zeros, uint8_t* out_signs, uint8_t* out_mask) {
-  __m256 acc = _mm256_setzero_ps();
-  __m256i zero_lanes = _mm256_setzero_si256();
-  const __m256 p = _mm256_set1_ps(pending), div = _mm256_set1_ps(divisor);
-  for (size_t j = 0; j < count / 8; ++j) {
-    __m256 sum = _mm256_div_ps(_mm256_loadu_ps(own + 8 * j), div);
-    for (size_t k = 0; k < copies; ++k) {  // decode_whole's accumulate: d + sum
-      sum = _mm256_add_ps(decoded8(signs[k][j], masks[k] ? masks[k][j] : 0, _mm256_set1_ps(pos[k])),
-                          sum);
-    }
-    encode8(sum, residual + 8 * j, p, acc, zero_lanes, out_signs + j, out_mask + j);
+  const ReduceBlock b{own,   divisor,  signs,   masks,     pos,     copies,
+                      count, residual, pending, out_signs, out_mask};
+  switch (scaling_of(divisor)) {
+    case Scaling::kNone:
+      return reduce_encode_counted<Scaling::kNone>(b, sumsq, zeros);
+    case Scaling::kProduct:
+      return reduce_encode_counted<Scaling::kProduct>(b, sumsq, zeros);
+    case Scaling::kQuotient:
+      return reduce_encode_counted<Scaling::kQuotient>(b, sumsq, zeros);
   }
-  add_figures(acc, zero_lanes, sumsq, zeros);
 }
 
 __attribute__((target("avx2"))) void settle_block(float* residual, size_t count, float scale) {
@@ -117,20 +216,24 @@ __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const 
   // (bench/wire_speed.py), in the machine's fast state.
   const bool stream =
       !accumulate && count >= kStreamFrom && (reinterpret_cast<uintptr_t>(out) & 31) == 0;
-  size_t j = 0;
-  for (; 8 * j + 8 <= count; ++j) {
-    const __m256 d = decoded8(signs[j], mask ? mask[j] : 0, p);
-    float* o = out + 8 * j;
-    if (accumulate) {
-      _mm256_storeu_ps(o, _mm256_add_ps(d, _mm256_loadu_ps(o)));
-    } else if (stream) {
-      _mm256_stream_ps(o, d);
-    } else {
-      _mm256_storeu_ps(o, d);
+  const size_t whole = count / 8;
+  if (accumulate) {
+    for (size_t j = 0; j < whole; ++j) {
+      const __m256 d = mask ? decoded8(signs[j], mask[j], p) : decoded8(signs[j], p);
+      _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(d, _mm256_loadu_ps(out + 8 * j)));
+    }
+  } else if (stream && mask == nullptr) {
+    for (size_t j = 0; j < whole; ++j) _mm256_stream_ps(out + 8 * j, decoded8(signs[j], p));
+  } else if (stream) {
+    for (size_t j = 0; j < whole; ++j)
+      _mm256_stream_ps(out + 8 * j, decoded8(signs[j], mask[j], p));
+  } else {
+    for (size_t j = 0; j < whole; ++j) {
+      _mm256_storeu_ps(out + 8 * j, mask ? decoded8(signs[j], mask[j], p) : decoded8(signs[j], p));
     }
   }
   if (stream) _mm_sfence();
-  return j;
+  return whole;
 }
 
 #else
