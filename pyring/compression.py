@@ -49,45 +49,71 @@ class OneBitState:
     zero-mask caches of the streams this rank encodes and decodes. All start at zero on first
     use; a state serves one tensor size on one world, and refuses any other. Every rank must
     save and restore its state together, while no exchange on it is in flight: a mask cache
-    restored from another step is refused on the next call."""
+    restored from another step is refused on the next call.
+
+    The core keeps the residuals in bfloat16, deferred (``csrc/kernels/onebit.h``): each
+    segment holds the value it last encoded and that encoding's scale. ``worker`` and
+    ``server`` read them settled, as float32. ``state_dict()`` holds them as kept
+    (``worker`` and ``server`` bfloat16, ``scales`` and the ``shape`` they follow), so that a
+    resumed job continues bit for bit; a state saved by an earlier version (float32 residuals,
+    no scales) loads rounded to bfloat16."""
 
     def __init__(self) -> None:
         self._core = _C.WireState()
 
-    def _tensors(self) -> tuple:
+    def _settled(self) -> tuple:
         import torch
 
         if self._core.empty:
-            return None, None, None
-        return tuple(torch.from_numpy(a) for a in self._core.get())
+            return None, None
+        return tuple(torch.from_numpy(a) for a in self._core.settled())
 
     @property
     def worker(self) -> Any:
-        return self._tensors()[0]
+        return self._settled()[0]
 
     @property
     def server(self) -> Any:
-        return self._tensors()[1]
+        return self._settled()[1]
 
     @property
     def masks(self) -> Any:
-        return self._tensors()[2]
+        import torch
+
+        return None if self._core.empty else torch.from_numpy(self._core.get()[2])
 
     def state_dict(self) -> dict:
-        return dict(zip(("worker", "server", "masks"), self._tensors()))
+        import torch
+
+        if self._core.empty:
+            return {"worker": None, "server": None, "masks": None}
+        worker, server, masks, scales, shape = self._core.get()
+        return {"worker": torch.from_numpy(worker).view(torch.bfloat16),
+                "server": torch.from_numpy(server).view(torch.bfloat16),
+                "masks": torch.from_numpy(masks), "scales": torch.from_numpy(scales),
+                "shape": torch.tensor(tuple(shape), dtype=torch.int64)}
 
     def load_state_dict(self, sd: dict) -> None:
+        import numpy as np
         import torch
 
         self._core = _C.WireState()
         if sd.get("worker") is None:
             return
-        # States saved before the mask caches have none: they start empty.
+
+        def kept(t: Any) -> Any:  # bfloat16 bits as uint16 (rounding a float32 residual)
+            return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+        # States saved before the mask caches have none: they start empty. States saved
+        # before the kept residuals have no scales: their float32 residuals are settled.
         masks = sd.get("masks")
-        self._core.set(sd["worker"].to(torch.float32).numpy(),
-                       sd["server"].to(torch.float32).numpy(),
+        scales = sd.get("scales")
+        self._core.set(kept(sd["worker"]), kept(sd["server"]),
                        (masks if masks is not None else torch.zeros(0, dtype=torch.uint8))
-                       .to(torch.uint8).numpy())
+                       .to(torch.uint8).numpy(),
+                       (scales if scales is not None else torch.zeros(0))
+                       .to(torch.float32).numpy(),
+                       [int(v) for v in sd.get("shape", ())] if scales is not None else [])
 
 
 def check_wire_call(tensor: Any, wire: str, state: Any, out: Any = None) -> None:

@@ -87,21 +87,24 @@ def test_wire_casts_match_torch(half):
 def test_onebit_matches_the_cpu_kernel(n):
     x = torch.randn(n)
     x[::5] = 0.0
-    res = torch.randn(n) * 0.1
+    res = (torch.randn(n) * 0.1).to(torch.bfloat16)  # a kept residual
     res[::5] = 0.0
+    pending = 0.25
     cpu_out = torch.empty(_C.onebit_max_bytes(n), dtype=torch.uint8)
-    cpu_res = res.clone()
-    cpu_bytes = _C.onebit_encode(x.data_ptr(), cpu_res.data_ptr(), n, cpu_out.data_ptr())
+    cpu_res, cpu_pending = res.clone(), torch.full((1,), pending)
+    cpu_bytes = _C.onebit_encode_deferred(x.data_ptr(), cpu_res.data_ptr(), cpu_pending.data_ptr(),
+                                          n, cpu_out.data_ptr())
     dx, dres = x.cuda(), res.cuda()
     out = torch.empty(_C.onebit_max_bytes(n), dtype=torch.uint8, device="cuda")
     ws = torch.empty(_C.cuda_onebit_workspace_bytes(), dtype=torch.uint8, device="cuda")
-    nbytes, scale, zeros, count = _C.cuda_onebit_encode(dx.data_ptr(), dres.data_ptr(), n,
-                                                        out.data_ptr(), ws.data_ptr())
+    nbytes, scale, zeros, count = _C.cuda_onebit_encode(dx.data_ptr(), dres.data_ptr(), pending,
+                                                        n, out.data_ptr(), ws.data_ptr())
     assert nbytes == cpu_bytes and count == n and zeros == 1
-    # Signs and mask bit for bit; the scale to rounding (another summation order).
+    # Signs, mask and the kept residual bit for bit; the scale to rounding (another summation
+    # order).
     assert torch.equal(out[16:nbytes].cpu(), cpu_out[16:nbytes])
-    assert abs(scale - cpu_out[:4].view(torch.float32).item()) <= 1e-5 * scale
-    torch.testing.assert_close(dres.cpu(), cpu_res, rtol=1e-5, atol=1e-5 * scale)
+    assert torch.equal(dres.cpu().view(torch.int16), cpu_res.view(torch.int16))
+    assert abs(scale - cpu_pending.item()) <= 1e-5 * scale
     dec = torch.full((n,), 1.0, device="cuda")
     _C.cuda_onebit_decode(scale, zeros, count, out.data_ptr(), n, 0.5, True, dec.data_ptr())
     want = torch.full((n,), 1.0)

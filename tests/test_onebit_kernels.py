@@ -131,31 +131,62 @@ def test_mask_cache_out_of_step_is_refused():
         _decode(_encode(x, None), 6)
 
 
+def _kept(v: np.ndarray) -> np.ndarray:
+    """bfloat16 bits of float32 v, rounded to nearest even (torch's cast)."""
+    import torch
+
+    return torch.from_numpy(v).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _kept_value(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def _settled(b: np.ndarray, scale: float) -> np.ndarray:
+    r = _kept_value(b)
+    return (r - np.where(r == 0, 0, np.where(np.signbit(r), -scale, scale))).astype(np.float32)
+
+
 @pytest.mark.parametrize("n", [1, 9, 4097, 100_003])
-def test_deferred_residual_gives_the_same_bytes_and_residual(n):
+def test_kept_residual_rounds_what_it_encodes_to_bfloat16(n):
+    # Reference: v = x + the settled residual in float32, rounded to bfloat16; the bytes are
+    # those of encoding that v with no residual, the residual keeps its bits, the scale waits.
     rng = np.random.default_rng(n)
-    eager = (rng.standard_normal(n) * 0.1).astype(np.float32)
-    deferred, pending = eager.copy(), np.zeros(1, np.float32)
+    kept = _kept((rng.standard_normal(n) * 0.1).astype(np.float32))
+    pending = np.full(1, 0.25, np.float32)
     for step in range(4):
         x = rng.standard_normal(n).astype(np.float32)
         x[::5] = 0.0
-        if step == 2:
+        if step == 2:  # the whole segment exactly zero (with a zero residual): scale 0
             x[:] = 0.0
-            eager[:] = 0.0  # the whole segment exactly zero: scale 0
-            _C.onebit_settle(deferred.ctypes.data, n, pending.ctypes.data)
-            deferred[:] = 0.0
-        want = _encode(x, eager)
+            kept[:] = 0
+        want_bits = _kept(x + _settled(kept, pending[0]))
+        want = _encode(_kept_value(want_bits), None)
         out = np.zeros(_C.onebit_max_bytes(n), np.uint8)
-        got = _C.onebit_encode_deferred(x.ctypes.data, deferred.ctypes.data,
-                                        pending.ctypes.data, n, out.ctypes.data, 0)
+        got = _C.onebit_encode_deferred(x.ctypes.data, kept.ctypes.data, pending.ctypes.data, n,
+                                        out.ctypes.data, 0)
         np.testing.assert_array_equal(out[:got], want)
-        # Unsettled, the residual holds the value encoded; the scale waits in pending.
+        np.testing.assert_array_equal(kept, want_bits)
         assert pending[0] == np.frombuffer(want[:4].tobytes(), np.float32)[0]
-        settled = deferred.copy()
-        p = pending.copy()
-        _C.onebit_settle(settled.ctypes.data, n, p.ctypes.data)
-        assert p[0] == 0.0
-        np.testing.assert_array_equal(settled, eager)
+        settled = np.zeros(n, np.float32)
+        _C.onebit_settled_copy(kept.ctypes.data, n, float(pending[0]), settled.ctypes.data)
+        np.testing.assert_array_equal(settled, _settled(kept, pending[0]))
+        if step == 2:
+            assert pending[0] == 0 and not settled.any()
+
+
+def test_kept_residual_keeps_nan_and_signed_zero():
+    x = np.array([np.nan, -0.0, 0.0, 1.0, -np.inf, 3.0e38, -1e-45, 2.0], np.float32)
+    kept = np.zeros(8, np.uint16)
+    pending = np.zeros(1, np.float32)
+    out = np.zeros(_C.onebit_max_bytes(8), np.uint8)
+    _C.onebit_encode_deferred(x.ctypes.data, kept.ctypes.data, pending.ctypes.data, 8,
+                              out.ctypes.data, 0)
+    v = _kept_value(kept)
+    # -0.0 plus the settled zero residual is +0.0, as in float32; the rest as torch rounds.
+    assert np.isnan(v[0]) and v[1] == 0 and v[4] == -np.inf and v[7] == 2.0
+    np.testing.assert_array_equal(kept[2:], _kept(x)[2:])
+    assert kept[6] == 0x8000  # -1e-45 rounds to -0.0
 
 
 def _aligned(n: int, offset: int) -> np.ndarray:
@@ -198,14 +229,17 @@ for n in (1, 7, 8, 9, 4095, 4096, 4097, 100003):
     dec = rng.standard_normal(n).astype(np.float32)
     _C.onebit_decode(enc.ctypes.data, n, 0.5, True, dec.ctypes.data, 0)
     out.append((enc[:b].tobytes(), r.tobytes(), dec.tobytes()))
-    # Deferred: two encodings, the second settling the first's residual in its sweep.
-    d, p = (rng.standard_normal(n) * 0.1).astype(np.float32), np.zeros(1, np.float32)
+    # Kept: two encodings, the second settling the first's residual in its sweep.
+    d = ((rng.standard_normal(n) * 0.1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    d[::3] = 0
+    p = np.zeros(1, np.float32)
     for _ in range(2):
         b = _C.onebit_encode_deferred(x.ctypes.data, d.ctypes.data, p.ctypes.data, n,
                                       enc.ctypes.data, 0)
         out.append((enc[:b].tobytes(), d.tobytes(), p.tobytes()))
-    _C.onebit_settle(d.ctypes.data, n, p.ctypes.data)
-    out.append((d.tobytes(), p.tobytes()))
+    s = np.zeros(n, np.float32)
+    _C.onebit_settled_copy(d.ctypes.data, n, float(p[0]), s.ctypes.data)
+    out.append((s.tobytes(),))
 # The owner's step: every unrolled copy count and the loop past them, every way of dividing
 # (none, by a power of two, by any other count), copies with and without zeros.
 for n in (8, 4096, 12296):
@@ -221,7 +255,9 @@ for n in (8, 4096, 12296):
         for divisor in (1, 2, 3, 4, copies + 1):
             own = rng.standard_normal(n).astype(np.float32)
             own[::11] = 0
-            r = (rng.standard_normal(n) * 0.1).astype(np.float32)
+            r = ((rng.standard_normal(n) * 0.1).astype(np.float32).view(np.uint32) >> 16)
+            r = r.astype(np.uint16)
+            r[::5] = 0
             p = np.full(1, 0.25, np.float32)
             res = np.zeros(_C.onebit_max_bytes(n), np.uint8)
             b = _C.onebit_reduce_encode(own.ctypes.data, divisor, [e.ctypes.data for e in encs],

@@ -182,17 +182,18 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _onebit_reference(inputs: list, world: int):
-    """The first call's result, segment by segment, from the host kernels (no residuals yet,
-    no exact zeros: no masks): chunk j's owner starts from its own values exact, divided by
-    the world, and adds the others' decoded copies in rank order."""
+    """The first call's result, segment by segment, from the host kernels (zero kept
+    residuals, no exact zeros: no masks): chunk j's owner starts from its own values exact,
+    divided by the world, and adds the others' decoded copies in rank order."""
     import numpy as np
 
     from pyring import _C
 
     def code(v):
         buf = np.zeros(_C.onebit_max_bytes(v.size), np.uint8)
-        residual = np.zeros(v.size, np.float32)  # alive through the call
-        _C.onebit_encode(v.ctypes.data, residual.ctypes.data, v.size, buf.ctypes.data, 0)
+        kept, pending = np.zeros(v.size, np.uint16), np.zeros(1, np.float32)
+        _C.onebit_encode_deferred(v.ctypes.data, kept.ctypes.data, pending.ctypes.data, v.size,
+                                  buf.ctypes.data, 0)
         return buf
 
     def into(buf, out, alpha, acc):

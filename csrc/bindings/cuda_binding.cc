@@ -47,21 +47,22 @@ void register_cuda(py::module_& m) {
   m.def("cuda_onebit_workspace_bytes", &cuda_onebit_workspace_bytes);
   m.def(
       "cuda_onebit_encode",
-      [](uintptr_t in, uintptr_t residual, size_t n, uintptr_t out, uintptr_t workspace,
-         uintptr_t stream) {
+      [](uintptr_t in, uintptr_t residual, float pending, size_t n, uintptr_t out,
+         uintptr_t workspace, uintptr_t stream) {
         OnebitHeader h{};
         size_t bytes;
         {
           py::gil_scoped_release nogil;
           bytes = cuda_onebit_encode(
-              static_cast<const float*>(ptr(in)), static_cast<float*>(ptr(residual)), n,
+              static_cast<const float*>(ptr(in)), static_cast<uint16_t*>(ptr(residual)), pending, n,
               static_cast<uint8_t*>(ptr(out)), ptr(workspace), &h, ptr(stream));
         }
         return py::make_tuple(bytes, h.scale, h.zeros, h.count);
       },
-      py::arg("inp"), py::arg("residual"), py::arg("n"), py::arg("out"), py::arg("workspace"),
-      py::arg("stream") = 0,
-      "Encodes on the device (synchronizes stream); returns (bytes, scale, zeros, count).");
+      py::arg("inp"), py::arg("residual"), py::arg("pending"), py::arg("n"), py::arg("out"),
+      py::arg("workspace"), py::arg("stream") = 0,
+      "Encodes on the device with a kept (bfloat16) residual, 0: none, whose last scale is "
+      "pending (synchronizes stream); returns (bytes, scale, zeros, count).");
   m.def(
       "cuda_onebit_decode",
       [](float scale, uint32_t zeros, uint32_t count, uintptr_t encoded, size_t n, float alpha,

@@ -64,22 +64,24 @@ void register_kernels(py::module_& m) {
                          "onebit_encode_deferred: residual and pending are required");
         py::gil_scoped_release nogil;
         return onebit_encode_deferred(
-            reinterpret_cast<const float*>(in), reinterpret_cast<float*>(residual),
+            reinterpret_cast<const float*>(in), reinterpret_cast<uint16_t*>(residual),
             reinterpret_cast<float*>(pending), n, reinterpret_cast<uint8_t*>(out),
             reinterpret_cast<uint8_t*>(cache));
       },
       py::arg("inp"), py::arg("residual"), py::arg("pending"), py::arg("n"), py::arg("out"),
       py::arg("cache") = 0,
-      "onebit_encode with the residual deferred: it holds the last value encoded, with that "
-      "encoding's scale in the float32 at pending (0: settled); returns the bytes written.");
+      "onebit_encode with a kept residual (n bfloat16 bits as uint16): it holds the last value "
+      "encoded, with that encoding's scale in the float32 at pending (0: settled); returns the "
+      "bytes written.");
   m.def(
-      "onebit_settle",
-      [](uintptr_t residual, size_t n, uintptr_t pending) {
+      "onebit_settled_copy",
+      [](uintptr_t residual, size_t n, float pending, uintptr_t out) {
         py::gil_scoped_release nogil;
-        onebit_settle(reinterpret_cast<float*>(residual), n, reinterpret_cast<float*>(pending));
+        onebit_settled_copy(reinterpret_cast<const uint16_t*>(residual), n, pending,
+                            reinterpret_cast<float*>(out));
       },
-      py::arg("residual"), py::arg("n"), py::arg("pending"),
-      "Settles a deferred residual: v - decode(v), and the float32 at pending 0.");
+      py::arg("residual"), py::arg("n"), py::arg("pending"), py::arg("out"),
+      "The float32 residuals a kept residual with scale pending stands for, into out.");
   m.def(
       "onebit_decode",
       [](uintptr_t encoded, size_t n, float alpha, bool accumulate, uintptr_t out,
@@ -109,13 +111,13 @@ void register_kernels(py::module_& m) {
         py::gil_scoped_release nogil;
         return onebit_reduce_encode(
             reinterpret_cast<const float*>(own), divisor, c.data(), k.data(), c.size(), n,
-            reinterpret_cast<float*>(residual), reinterpret_cast<float*>(pending),
+            reinterpret_cast<uint16_t*>(residual), reinterpret_cast<float*>(pending),
             reinterpret_cast<uint8_t*>(out), reinterpret_cast<uint8_t*>(cache));
       },
       py::arg("own"), py::arg("divisor"), py::arg("copies"), py::arg("caches"), py::arg("n"),
       py::arg("residual"), py::arg("pending"), py::arg("out"), py::arg("cache") = 0,
       "The owner's step: own / divisor plus each encoded copy decoded / divisor (copy k with "
-      "decoder cache caches[k], 0: none), encoded with the deferred residual; returns the bytes "
+      "decoder cache caches[k], 0: none), encoded with the kept residual; returns the bytes "
       "written.");
   m.def("onebit_cache_bytes", &onebit_cache_bytes, py::arg("n"),
         "The bytes of one stream's mask cache for segments of n values (zeroed before use).");

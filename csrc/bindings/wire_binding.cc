@@ -38,6 +38,23 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
       .def(
           "get",
           [](WireState& s) {
+            {
+              py::gil_scoped_release nogil;
+              s.to_host();
+            }
+            const py::tuple shape =
+                s.bound_n() ? py::make_tuple(s.bound_n(), s.bound_participants(), s.bound_index())
+                            : py::tuple();
+            return py::make_tuple(to_array(s.worker), to_array(s.server), to_array(s.masks),
+                                  to_array(s.pending), shape);
+          },
+          "(worker, server, masks, scales, shape) copied out as numpy arrays (from the device, "
+          "where they are): the kept residuals' bfloat16 bits as uint16, the mask caches, the "
+          "deferred scales and the (n, participants, index) their layout follows (() when "
+          "there is none); empty before first use.")
+      .def(
+          "settled",
+          [](WireState& s) {
             py::array_t<float> w(static_cast<py::ssize_t>(s.worker.size()));
             py::array_t<float> sv(static_cast<py::ssize_t>(s.server.size()));
             {
@@ -45,23 +62,43 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
               s.to_host();
               s.settled_copy(w.mutable_data(), sv.mutable_data());
             }
-            return py::make_tuple(w, sv, to_array(s.masks));
+            return py::make_tuple(w, sv);
           },
-          "(worker, server, masks) copied out as numpy arrays (from the device, where they "
-          "are), the residuals settled; empty before first use.")
+          "(worker, server): the residuals the kept ones stand for, as float32 numpy arrays.")
       .def(
           "set",
-          [](WireState& s, const py::array_t<float, py::array::c_style | py::array::forcecast>& w,
-             const py::array_t<float, py::array::c_style | py::array::forcecast>& sv,
-             const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& mk) {
+          [](WireState& s,
+             const py::array_t<uint16_t, py::array::c_style | py::array::forcecast>& w,
+             const py::array_t<uint16_t, py::array::c_style | py::array::forcecast>& sv,
+             const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& mk,
+             const py::array_t<float, py::array::c_style | py::array::forcecast>& scales,
+             const std::vector<int64_t>& shape) {
+            PYRING_CHECK_ARG(shape.empty() || shape.size() == 3,
+                             "WireState.set: shape is (n, participants, index) or (), not ",
+                             shape.size(), " numbers");
+            PYRING_CHECK_ARG(shape.empty() || scales.size() > 0,
+                             "WireState.set: a shape goes with the scales it lays out");
+            PYRING_CHECK_ARG(!shape.empty() || scales.size() == 0,
+                             "WireState.set: deferred scales need the shape they follow");
             s.drop_device();
             s.worker = from_array(w);
             s.server = from_array(sv);
             s.masks = from_array(mk);
-            s.pending.clear();  // settled residuals
+            s.pending = from_array(scales);
+            if (shape.empty()) {
+              s.restore(0, 0, 0);
+            } else {
+              PYRING_CHECK_ARG(shape[0] > 0 && shape[1] > 0 && shape[2] >= 0 && shape[2] < shape[1],
+                               "WireState.set: shape (", shape[0], ", ", shape[1], ", ", shape[2],
+                               ") is not (n > 0, participants > 0, 0 <= index < participants)");
+              s.restore(static_cast<size_t>(shape[0]), static_cast<int>(shape[1]),
+                        static_cast<int>(shape[2]));
+            }
           },
-          py::arg("worker"), py::arg("server"), py::arg("masks"),
-          "Restores a state; the next call checks it fits its tensor.");
+          py::arg("worker"), py::arg("server"), py::arg("masks"), py::arg("scales"),
+          py::arg("shape"),
+          "Restores a state as get() gave it (scales empty and shape (): settled residuals); "
+          "the next call checks it fits its tensor.");
   cls.def(
       "all_reduce_wire",
       [](Communicator& c, uintptr_t ptr, size_t count, int dtype, int op, int wire,

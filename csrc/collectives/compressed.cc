@@ -78,13 +78,11 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
   const std::shared_ptr<DeviceQueue> queue =
       codec.on_device() ? comm.device_queue(codec.site().device) : nullptr;
   const WireState::Residuals resid = state->residuals(queue);
-  float* const worker = resid.worker;
-  float* const server = resid.server;
-  // The deferred scale of worker segment q (= j * S + s) and server segment s; null on a device.
-  auto worker_pending = [&](size_t q) { return resid.pending ? resid.pending + q : nullptr; };
-  auto server_pending = [&](size_t s) {
-    return resid.pending ? resid.pending + P * S + s : nullptr;
-  };
+  uint16_t* const worker = resid.worker;
+  uint16_t* const server = resid.server;
+  // The deferred scale of worker segment q (= j * S + s) and server segment s (host memory).
+  auto worker_pending = [&](size_t q) { return resid.pending + q; };
+  auto server_pending = [&](size_t s) { return resid.pending + P * S + s; };
   std::vector<uint64_t> out_size(P * S), in_size(P * S), res_size(S), back_size(P * S);
   auto span = [](void* p, size_t bytes) { return Span{static_cast<uint8_t*>(p), bytes}; };
   auto make = [&](int lane) {

@@ -89,13 +89,15 @@ void WireCodec::upload(void* x, const void* host, size_t bytes) {
   queue_->copy_async(x, host, bytes);
 }
 
-size_t WireCodec::onebit_encode(const float* in, float* residual, float* pending, size_t n,
+size_t WireCodec::onebit_encode(const float* in, uint16_t* residual, float* pending, size_t n,
                                 uint8_t* out, uint8_t* cache) {
+  if (!queue_) return onebit_encode_deferred(in, residual, pending, n, out, cache);
+  PYRING_CHECK_ARG((residual == nullptr) == (pending == nullptr),
+                   "one-bit encode: a kept residual goes with its pending scale");
   OnebitHeader h;
-  if (!queue_ && pending) return onebit_encode_deferred(in, residual, pending, n, out, cache);
-  if (!queue_) return kern::onebit_encode(site_, in, residual, n, out, cache, &h);
-  PYRING_CHECK_ARG(pending == nullptr, "one-bit encode on a device keeps no deferred residual");
-  const size_t bytes = kern::onebit_encode(site_, in, residual, n, mirror(out), nullptr, &h);
+  const size_t bytes = kern::onebit_encode(site_, in, residual, pending ? *pending : 0.0f, n,
+                                           mirror(out), nullptr, &h);
+  if (pending) *pending = h.scale;
   download(out, mirror(out), bytes);
   return onebit_cache_encoded(out, n, cache);
 }
@@ -117,7 +119,7 @@ void WireCodec::onebit_decode(uint8_t* enc, size_t n, float alpha, bool accumula
 
 size_t WireCodec::onebit_reduce_encode(const float* own, int divisor, uint8_t* const* copies,
                                        uint8_t* const* caches, size_t count, size_t n,
-                                       float* residual, float* pending, uint8_t* out,
+                                       uint16_t* residual, float* pending, uint8_t* out,
                                        uint8_t* cache, float* scratch) {
   if (!queue_) {
     return pyring::onebit_reduce_encode(own, divisor, copies, caches, count, n, residual, pending,

@@ -44,10 +44,10 @@ class WireCodec {
   void finish();
 
   // Encodes in[0, n) (+ residual) into the wire bytes at `out`, with the mask cache `cache`
-  // (host memory). On return the segment is in `out`, ready to send. The residual is kept as
-  // onebit_encode says, or deferred with `pending` as onebit_encode_deferred says (the host
-  // only: on a device pending is null).
-  size_t onebit_encode(const float* in, float* residual, float* pending, size_t n, uint8_t* out,
+  // (host memory). On return the segment is in `out`, ready to send. The residual (at the
+  // site; null: none) is kept as onebit_encode_deferred says, its scale at `pending` (host
+  // memory; null exactly when residual is).
+  size_t onebit_encode(const float* in, uint16_t* residual, float* pending, size_t n, uint8_t* out,
                        uint8_t* cache);
   // out (at the site) = alpha * decode, or += with accumulate, of the wire segment at `enc`:
   // received into it (local false), or written there by this codec's encode (local true).
@@ -61,7 +61,7 @@ class WireCodec {
   // caches[k]. On the host the sum is never stored; a device sums into `scratch` (n values at
   // the site).
   size_t onebit_reduce_encode(const float* own, int divisor, uint8_t* const* copies,
-                              uint8_t* const* caches, size_t count, size_t n, float* residual,
+                              uint8_t* const* caches, size_t count, size_t n, uint16_t* residual,
                               float* pending, uint8_t* out, uint8_t* cache, float* scratch);
 
   // out = the 16-bit wire encoding of in[0, n) (2n bytes), ready to send on return.

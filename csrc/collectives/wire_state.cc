@@ -6,6 +6,7 @@
 #include "collectives/driver.h"
 #include "core/errors.h"
 #include "device/runtime.h"
+#include "kernels/elementwise.h"
 #include "kernels/onebit.h"
 
 namespace pyring {
@@ -66,55 +67,65 @@ void WireState::drop_device() noexcept {
 
 void WireState::to_host() {
   if (!queue_) return;
-  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(float));
-  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(float));
+  queue_->copy_async(worker.data(), device_, worker.size() * sizeof(uint16_t));
+  queue_->copy_async(server.data(), device_ + worker.size(), server.size() * sizeof(uint16_t));
   device_runtime(queue_->device().kind).synchronize(queue_->device().index, queue_->stream());
   drop_device();
 }
 
-void WireState::settle_into(float* w, float* sv, float* scales) const {
-  if (pending.empty()) return;
+template <typename F>
+void WireState::each_segment(F f) const {
   const size_t P = static_cast<size_t>(participants_), S = onebit_segments(n_, P);
   const Chunks ch{n_, P};
   for (size_t j = 0; j < P; ++j) {
     const Chunks seg{ch.size(j), S};
-    for (size_t s = 0; s < S; ++s) {
-      onebit_settle(w + ch.offset(j) + seg.offset(s), seg.size(s), &scales[j * S + s]);
-    }
+    for (size_t s = 0; s < S; ++s) f(false, ch.offset(j) + seg.offset(s), seg.size(s), j * S + s);
   }
   const Chunks mine{ch.size(static_cast<size_t>(index_)), S};
-  for (size_t s = 0; s < S; ++s) {
-    onebit_settle(sv + mine.offset(s), mine.size(s), &scales[P * S + s]);
-  }
-}
-
-void WireState::settle() {
-  settle_into(worker.data(), server.data(), pending.data());
+  for (size_t s = 0; s < S; ++s) f(true, mine.offset(s), mine.size(s), P * S + s);
 }
 
 void WireState::settled_copy(float* w, float* sv) const {
-  std::memcpy(w, worker.data(), worker.size() * sizeof(float));
-  std::memcpy(sv, server.data(), server.size() * sizeof(float));
-  std::vector<float> scales = pending;  // the state's own stay deferred
-  settle_into(w, sv, scales.data());
+  for (size_t i = 0; i < worker.size(); ++i) w[i] = onebit_kept_value(worker[i]);
+  for (size_t i = 0; i < server.size(); ++i) sv[i] = onebit_kept_value(server[i]);
+  if (n_ == 0 || pending.empty()) return;  // settled (bind refuses scales without a shape)
+  each_segment([&](bool is_server, size_t off, size_t count, size_t k) {
+    const uint16_t* from = (is_server ? server.data() : worker.data()) + off;
+    onebit_settled_copy(from, count, pending[k], (is_server ? sv : w) + off);
+  });
 }
 
 WireState::Residuals WireState::residuals(const std::shared_ptr<DeviceQueue>& queue) {
   if (queue_ != queue) {
     to_host();
     if (queue) {
-      settle();  // the device keeps its residuals settled
       DeviceRuntime& rt = device_runtime(queue->device().kind);
       const int index = queue->device().index;
       const size_t total = worker.size() + server.size();
-      device_ = static_cast<float*>(rt.alloc(index, total * sizeof(float)));
+      device_ = static_cast<uint16_t*>(rt.alloc(index, total * sizeof(uint16_t)));
       queue_ = queue;
-      queue->copy_async(device_, worker.data(), worker.size() * sizeof(float));
-      queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(float));
+      queue->copy_async(device_, worker.data(), worker.size() * sizeof(uint16_t));
+      queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(uint16_t));
     }
   }
-  if (queue_) return {device_, device_ + worker.size(), nullptr};
+  if (queue_) return {device_, device_ + worker.size(), pending.data()};
   return {worker.data(), server.data(), pending.data()};
+}
+
+void WireState::restore(size_t n, int participants, int index) {
+  if (n != 0) {
+    const size_t P = static_cast<size_t>(participants);
+    const size_t own = Chunks{n, P}.size(static_cast<size_t>(index));
+    const size_t scales = (P + 1) * onebit_segments(n, P);
+    PYRING_CHECK_ARG(worker.size() == n && server.size() == own && pending.size() == scales,
+                     "OneBitState restored for ", n, " elements on ", participants,
+                     " participants (index ", index, ") needs ", n, " worker residuals, ", own,
+                     " server residuals and ", scales, " scales; it holds ", worker.size(), ", ",
+                     server.size(), " and ", pending.size());
+  }
+  n_ = n;
+  participants_ = participants;
+  index_ = index;
 }
 
 void WireState::bind(size_t n, int participants, int index) {
@@ -123,9 +134,10 @@ void WireState::bind(size_t n, int participants, int index) {
   const size_t P = static_cast<size_t>(participants);
   const size_t scales = (P + 1) * onebit_segments(n, P);
   if (worker.empty() && server.empty() && masks.empty()) {
-    worker.assign(n, 0.0f);
-    server.assign(own, 0.0f);
+    worker.assign(n, 0);
+    server.assign(own, 0);
     masks.assign(masks_n, 0);
+    pending.clear();
   } else {
     if (masks.empty()) masks.assign(masks_n, 0);  // restored from a state saved without caches
     PYRING_CHECK_ARG(worker.size() == n && server.size() == own && masks.size() == masks_n,
@@ -134,15 +146,25 @@ void WireState::bind(size_t n, int participants, int index) {
                      n, " on ", participants, " participants (chunk ", own, ", ", masks_n,
                      " bytes): use one state per bucket");
   }
-  if (n != n_ || participants != participants_ || index != index_) {
-    // Deferred scales are laid out by the shape they were deferred in (the sizes checked
-    // above keep that in bounds); on a device there are none.
-    if (!queue_) settle();
-    n_ = n;
-    participants_ = participants;
-    index_ = index;
+  if (n_ != 0 && (n != n_ || participants != participants_ || index != index_)) {
+    // The deferred scales follow the layout they were deferred in: settled there, and kept
+    // rounded, they start the new layout with no scale.
+    to_host();
+    each_segment([&](bool is_server, size_t off, size_t count, size_t k) {
+      uint16_t* r = (is_server ? server.data() : worker.data()) + off;
+      for (size_t i = 0; i < count; ++i) {
+        r[i] = onebit_kept(onebit_settled(onebit_kept_value(r[i]), pending[k]));
+      }
+    });
+    pending.clear();
   }
-  if (pending.size() != scales) pending.assign(scales, 0.0f);  // settled above, or restored
+  if (pending.empty()) pending.assign(scales, 0.0f);  // new, settled above, or restored settled
+  PYRING_CHECK_ARG(pending.size() == scales, "OneBitState holds ", pending.size(),
+                   " deferred scales; this tensor's layout has ", scales, " (n ", n, " on ",
+                   participants, " participants)");
+  n_ = n;
+  participants_ = participants;
+  index_ = index;
 }
 
 }  // namespace pyring

@@ -21,24 +21,21 @@ std::vector<size_t> onebit_cache_sizes(size_t n, int participants, int index);
 // the mask caches of every stream of the schedule, laid out as
 // enc[P] (chunk sizes), recv[P] (own chunk), server (own chunk), gather[P] (chunk sizes).
 // Sized at first use for (n, participants, index); any other shape is refused. The residuals
-// live where the bucket does: a call on a device moves them there, and the host vectors are
-// then stale until to_host(). The mask caches stay on the host. On the host the residuals are
-// deferred (kernels/onebit.h): each segment's holds the value it last encoded, with that
-// encoding's scale in `pending` (worker segments [j * S + s], then server segments [s]). A
-// move to a device or to another shape settles them; settled_copy() reads them settled
-// without writing the state (a read during a call sees torn values, as it always did, but
-// changes nothing).
+// are kept (kernels/onebit.h): bfloat16, each segment's holding the value it last encoded,
+// with that encoding's scale in `pending` (worker segments [j * S + s], then server segments
+// [s]), on the host for every call. They live where the bucket does: a call on a device moves
+// them there as they are, and the host vectors are then stale until to_host(). The mask
+// caches stay on the host.
 struct WireState {
-  std::vector<float> worker;   // n
-  std::vector<float> server;   // the owned chunk
-  std::vector<uint8_t> masks;  // the mask caches
-  std::vector<float> pending;  // the deferred scales; empty or all 0: settled
+  std::vector<uint16_t> worker;  // n
+  std::vector<uint16_t> server;  // the owned chunk
+  std::vector<uint8_t> masks;    // the mask caches
+  std::vector<float> pending;    // the deferred scales; empty or all 0: settled
 
-  // Where a call's residuals are: on the host with their deferred scales, or on a device
-  // (pending null).
+  // Where a call's residuals are (host or device memory); the scales are on the host.
   struct Residuals {
-    float* worker;
-    float* server;
+    uint16_t* worker;
+    uint16_t* server;
     float* pending;
   };
 
@@ -47,13 +44,13 @@ struct WireState {
   WireState(const WireState&) = delete;
   WireState& operator=(const WireState&) = delete;
 
-  // The residuals for a call at `queue`'s device (null: the host), moved there (and settled)
-  // first. The thread running the collective calls it; the state is bound.
+  // The residuals for a call at `queue`'s device (null: the host), moved there first. The
+  // thread running the collective calls it; the state is bound.
   Residuals residuals(const std::shared_ptr<DeviceQueue>& queue);
   // The residuals back in the host vectors, waiting for the device; none stay on it.
   void to_host();
-  // worker and server, settled, into w and sv (their sizes); the host vectors as they are
-  // (call to_host() first).
+  // The residuals worker and server stand for, settled, as float32 into w and sv (their
+  // sizes); the host vectors as they are (call to_host() first). Changes nothing.
   void settled_copy(float* w, float* sv) const;
   // Forgets the device's copy without reading it (the host vectors are being replaced).
   void drop_device() noexcept;
@@ -61,18 +58,25 @@ struct WireState {
   // Allocates zeroed state for the shape, or checks the held one (restored from a checkpoint)
   // matches it. Throws InvalidArgument naming both shapes.
   void bind(size_t n, int participants, int index);
+  // The shape that restored vectors (with their deferred scales) were saved in; 0: none (the
+  // residuals are settled, pending empty). Throws InvalidArgument when they do not fit it.
+  void restore(size_t n, int participants, int index);
+  size_t bound_n() const { return n_; }
+  int bound_participants() const { return participants_; }
+  int bound_index() const { return index_; }
   // Mask cache bytes of the shape.
   static size_t mask_bytes(size_t n, int participants, int index);
 
  private:
-  void settle();
-  // Settles residuals laid out as worker and server at w and sv with the deferred scales at
-  // `scales` (pending's layout), zeroing them.
-  void settle_into(float* w, float* sv, float* scales) const;
+  // Calls f(is_server, offset, count, k) for every segment of worker and server in the bound
+  // shape's layout: `count` values from `offset` of server (is_server) or worker, whose
+  // deferred scale is pending[k].
+  template <typename F>
+  void each_segment(F f) const;
 
   std::shared_ptr<DeviceQueue> queue_;  // where the residuals are, while on a device
-  float* device_ = nullptr;             // worker, then server, in the queue's device memory
-  size_t n_ = 0;                        // the bound shape
+  uint16_t* device_ = nullptr;          // worker, then server, in the queue's device memory
+  size_t n_ = 0;                        // the bound shape; 0: none yet (new or restored)
   int participants_ = 0, index_ = 0;
 };
 

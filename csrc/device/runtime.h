@@ -63,11 +63,12 @@ class DeviceRuntime {
                            size_t n, int world, StreamId s) = 0;
   virtual void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
                     StreamId s) = 0;
-  // Encodes without mask caches; synchronizes s to return the bytes written and the header.
-  // Decode reads the segment (header, signs, mask) at `encoded` but takes its header from
-  // `header` (the host's copy); a kMaskCached header is refused.
-  virtual size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
-                               OnebitHeader* header, StreamId s) = 0;
+  // Encodes without mask caches, with a kept residual (kernels/onebit.h; null: none) whose last
+  // scale is `pending`; synchronizes s to return the bytes written and the header. Decode
+  // reads the segment (header, signs, mask) at `encoded` but takes its header from `header`
+  // (the host's copy); a kMaskCached header is refused.
+  virtual size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending,
+                               size_t n, uint8_t* out, OnebitHeader* header, StreamId s) = 0;
   virtual void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded,
                              size_t n, float alpha, bool accumulate, float* out, StreamId s) = 0;
 

@@ -40,7 +40,8 @@ void cuda_cast(DType, DType, const void*, void*, size_t, void*) {
 size_t cuda_onebit_workspace_bytes() {
   no_cuda("cuda_onebit_workspace_bytes");
 }
-size_t cuda_onebit_encode(const float*, float*, size_t, uint8_t*, void*, OnebitHeader*, void*) {
+size_t cuda_onebit_encode(const float*, uint16_t*, float, size_t, uint8_t*, void*, OnebitHeader*,
+                          void*) {
   no_cuda("cuda_onebit_encode");
 }
 void cuda_onebit_decode(const OnebitHeader&, const uint8_t*, size_t, float, bool, float*, void*) {

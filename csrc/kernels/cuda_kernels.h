@@ -34,11 +34,13 @@ void cuda_cast(DType from, DType to, const void* in, void* out, size_t n, void* 
 // The bytes of device workspace cuda_onebit_encode needs.
 size_t cuda_onebit_workspace_bytes();
 
-// onebit_encode on the device, with no mask cache: the header never says kMaskCached and its
+// onebit_encode_deferred on the device, with a kept residual (device memory; null: none) whose
+// last scale is `pending`, and no mask cache: the header never says kMaskCached and its
 // mask_hash is 0. `workspace` holds cuda_onebit_workspace_bytes(). Synchronizes `stream` to
-// read the header back, and returns the bytes written, with the header in *header.
-size_t cuda_onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, void* workspace,
-                          OnebitHeader* header, void* stream);
+// read the header back, and returns the bytes written, with the header in *header (its scale
+// is the residual's pending scale from now on).
+size_t cuda_onebit_encode(const float* in, uint16_t* residual, float pending, size_t n,
+                          uint8_t* out, void* workspace, OnebitHeader* header, void* stream);
 
 // onebit_decode on the device of a segment whose header the caller holds (as returned by
 // cuda_onebit_encode, or read with the payload): throws CommError for a count other than n or

@@ -60,15 +60,17 @@ void cast(const KernelSite& site, DType from, DType to, const void* in, void* ou
   rt(site).cast(site.device.index, from, to, in, out, n, site.stream);
 }
 
-size_t onebit_encode(const KernelSite& site, const float* in, float* residual, size_t n,
-                     uint8_t* out, uint8_t* cache, OnebitHeader* header) {
+size_t onebit_encode(const KernelSite& site, const float* in, uint16_t* residual, float pending,
+                     size_t n, uint8_t* out, uint8_t* cache, OnebitHeader* header) {
   if (site.on_host()) {
-    const size_t bytes = pyring::onebit_encode(in, residual, n, out, cache);
+    const size_t bytes =
+        pyring::onebit_encode_deferred(in, residual, residual ? &pending : nullptr, n, out, cache);
     std::memcpy(header, out, sizeof(OnebitHeader));
     return bytes;
   }
   PYRING_CHECK_ARG(cache == nullptr, "one-bit encode on a device takes no mask cache");
-  return rt(site).onebit_encode(site.device.index, in, residual, n, out, header, site.stream);
+  return rt(site).onebit_encode(site.device.index, in, residual, pending, n, out, header,
+                                site.stream);
 }
 
 void onebit_decode(const KernelSite& site, const OnebitHeader& header, const uint8_t* encoded,

@@ -44,11 +44,12 @@ void copy(const KernelSite& site, void* dst, const void* src, size_t bytes);
 // out[i] = in[i] converted between float32 and float16/bfloat16
 void cast(const KernelSite& site, DType from, DType to, const void* in, void* out, size_t n);
 
-// onebit_encode of kernels/onebit.h at the site; returns the bytes written and the header. A
-// device site takes no mask cache (null) and synchronizes its stream: on return the segment
-// is in `out`.
-size_t onebit_encode(const KernelSite& site, const float* in, float* residual, size_t n,
-                     uint8_t* out, uint8_t* cache, OnebitHeader* header);
+// onebit_encode_deferred of kernels/onebit.h at the site, with a kept residual (at the site;
+// null: none) whose last scale is `pending` (0: settled); returns the bytes written and the
+// header, whose scale is the residual's pending scale from now on. A device site takes no mask
+// cache (null) and synchronizes its stream: on return the segment is in `out`.
+size_t onebit_encode(const KernelSite& site, const float* in, uint16_t* residual, float pending,
+                     size_t n, uint8_t* out, uint8_t* cache, OnebitHeader* header);
 // onebit_decode of kernels/onebit.h at the site, of the segment at `encoded` whose header the
 // host holds as `header` (a device's memory is not read by the host; on the host the two must
 // agree). A device site takes no mask cache and no kMaskCached segment.

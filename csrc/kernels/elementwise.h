@@ -92,6 +92,15 @@ PYRING_HD float onebit_settled(float v, float scale) {
   return v - onebit_value(onebit_sign_bit(v), onebit_zero_bit(v), 0, scale);
 }
 
+// A kept residual (kernels/onebit.h): the bfloat16 bits of v, rounded to nearest even, and
+// their value.
+PYRING_HD uint16_t onebit_kept(float v) {
+  return to_bfloat16(v).bits;
+}
+PYRING_HD float onebit_kept_value(uint16_t bits) {
+  return to_float(BFloat16{bits});
+}
+
 }  // namespace pyring
 
 // Returns FN<T>(args...) for the storage type T of `dtype`; throws for an unknown code.

@@ -8,23 +8,16 @@
 #include "core/errors.h"
 #include "kernels/elementwise.h"
 #include "kernels/onebit_avx2.h"
+#include "kernels/onebit_blocks.h"
 #include "kernels/simd.h"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace pyring {
 
-namespace {
-
-inline float decode_one(uint8_t sign, uint8_t zero, int k, float scale) {
-  return onebit_value(sign, zero, k, scale);
-}
-
-constexpr size_t kBlock = 4096;  // values per sweep: 16 KiB of float32 stays in L1/L2
-
-}  // namespace
+using onebit_blocks::decode_span;
+using onebit_blocks::encode_block;
+using onebit_blocks::encode_block_kept;
+using onebit_blocks::kBlock;
+using onebit_blocks::settle_block;
 
 size_t onebit_bytes(const uint8_t* encoded, size_t n) {
   OnebitHeader h;
@@ -53,128 +46,6 @@ struct CacheHead {
   uint32_t hash;
 };
 
-}  // namespace
-
-#if defined(__SSE2__)
-namespace {
-
-// Lanes of one nibble of sign bits: -x where the bit is set, +x elsewhere (as a sign mask to
-// OR in), and all-ones where a zero bit is set.
-struct NibbleMasks {
-  __m128 sign[16];
-  __m128 zero[16];
-  NibbleMasks() {
-    for (int m = 0; m < 16; ++m) {
-      alignas(16) uint32_t s[4], z[4];
-      for (int k = 0; k < 4; ++k) {
-        s[k] = (m >> k) & 1 ? 0x80000000u : 0u;
-        z[k] = (m >> k) & 1 ? 0xffffffffu : 0u;
-      }
-      sign[m] = _mm_castsi128_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
-      zero[m] = _mm_castsi128_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(z)));
-    }
-  }
-};
-const NibbleMasks kMasks;
-
-}  // namespace
-#endif
-
-namespace {
-
-// One sweep over one block (its first value starts a byte): v = in + settled residual
-// (residual null: v = in; else the residual holds the last v, encoded with scale `pending`),
-// stored back in the residual; its sum of squares and zeros added to sumsq and zeros in the
-// same lane order on every path; its sign and zero bytes.
-void encode_block(const float* in, float* residual, size_t count, float pending, double& sumsq,
-                  size_t& zeros, uint8_t* signs, uint8_t* mask) {
-  if (host_avx2()) {
-    return onebit_avx2::encode_block(in, residual, count, pending, sumsq, zeros, signs, mask);
-  }
-  const size_t whole = count / 8;
-  size_t j = 0;
-#if defined(__SSE2__)
-  __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
-  __m128i zero_lanes = _mm_setzero_si128();  // minus the zeros seen per lane (cmpeq gives -1)
-  const __m128 z = _mm_setzero_ps(), p = _mm_set1_ps(pending), sign_bit = _mm_set1_ps(-0.0f);
-  // r - decode(r) with scale p, as settle_block.
-  auto settled = [&](__m128 r) {
-    return _mm_sub_ps(r, _mm_andnot_ps(_mm_cmpeq_ps(r, z), _mm_or_ps(_mm_and_ps(r, sign_bit), p)));
-  };
-  for (; j < whole; ++j) {
-    __m128 v0 = _mm_loadu_ps(in + 8 * j), v1 = _mm_loadu_ps(in + 8 * j + 4);
-    if (residual) {
-      float* r = residual + 8 * j;
-      v0 = _mm_add_ps(v0, settled(_mm_loadu_ps(r)));
-      v1 = _mm_add_ps(v1, settled(_mm_loadu_ps(r + 4)));
-      _mm_storeu_ps(r, v0);
-      _mm_storeu_ps(r + 4, v1);
-    }
-    const __m128 z0 = _mm_cmpeq_ps(v0, z), z1 = _mm_cmpeq_ps(v1, z);
-    acc0 = _mm_add_ps(acc0, _mm_mul_ps(v0, v0));
-    acc1 = _mm_add_ps(acc1, _mm_mul_ps(v1, v1));
-    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(z0));
-    zero_lanes = _mm_add_epi32(zero_lanes, _mm_castps_si128(z1));
-    // movemask reads the sign bit as onebit_sign_bit does.
-    signs[j] = static_cast<uint8_t>(_mm_movemask_ps(v0) | (_mm_movemask_ps(v1) << 4));
-    mask[j] = static_cast<uint8_t>(_mm_movemask_ps(z0) | (_mm_movemask_ps(z1) << 4));
-  }
-  alignas(16) float lanes[4];
-  _mm_store_ps(lanes, _mm_add_ps(acc0, acc1));
-  sumsq += double(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
-  alignas(16) int32_t zl[4];
-  _mm_store_si128(reinterpret_cast<__m128i*>(zl), zero_lanes);
-  zeros += static_cast<size_t>(-(int64_t{zl[0]} + zl[1] + zl[2] + zl[3]));
-#endif
-  for (; j < whole; ++j) {
-    onebit_encode_tail(in + 8 * j, residual ? residual + 8 * j : nullptr, 8, pending, sumsq, zeros,
-                       signs + j, mask + j);
-  }
-  onebit_encode_tail(in + 8 * whole, residual ? residual + 8 * whole : nullptr, count % 8, pending,
-                     sumsq, zeros, signs + whole, mask + whole);
-}
-
-// residual[0, count) = onebit_settled(residual, scale).
-void settle_block(float* residual, size_t count, float scale) {
-  if (host_avx2()) return onebit_avx2::settle_block(residual, count, scale);
-  for (size_t i = 0; i < count; ++i) residual[i] = onebit_settled(residual[i], scale);
-}
-
-// out[0, count) = pos * decode (or += with accumulate) of the sign and mask bytes from `signs`
-// and `mask` (null: no zeros) on.
-void decode_span(const uint8_t* signs, const uint8_t* mask, size_t count, float pos,
-                 bool accumulate, float* out) {
-  size_t j = 0;
-  if (host_avx2()) {
-    j = onebit_avx2::decode_whole(signs, mask, count, pos, accumulate, out);
-  } else {
-#if defined(__SSE2__)
-    const __m128 p = _mm_set1_ps(pos);
-    for (; 8 * j + 8 <= count; ++j) {
-      const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-      float* o = out + 8 * j;
-      __m128 lo = _mm_andnot_ps(kMasks.zero[zr & 15], _mm_or_ps(kMasks.sign[s & 15], p));
-      __m128 hi = _mm_andnot_ps(kMasks.zero[zr >> 4], _mm_or_ps(kMasks.sign[s >> 4], p));
-      if (accumulate) {
-        lo = _mm_add_ps(lo, _mm_loadu_ps(o));
-        hi = _mm_add_ps(hi, _mm_loadu_ps(o + 4));
-      }
-      _mm_storeu_ps(o, lo);
-      _mm_storeu_ps(o + 4, hi);
-    }
-#endif
-  }
-  for (; j * 8 < count; ++j) {
-    const uint8_t s = signs[j], zr = mask ? mask[j] : 0;
-    const size_t m = count - 8 * j < 8 ? count - 8 * j : 8;
-    float* o = out + 8 * j;
-    for (size_t k = 0; k < m; ++k) {
-      const float d = decode_one(s, zr, static_cast<int>(k), pos);
-      o[k] = accumulate ? o[k] + d : d;
-    }
-  }
-}
-
 // Writes the header of a segment of n values with the sweeps' figures; returns it.
 OnebitHeader header_of(double sumsq, size_t zeros, size_t n) {
   const size_t nonzero = n - zeros;
@@ -184,23 +55,31 @@ OnebitHeader header_of(double sumsq, size_t zeros, size_t n) {
 
 }  // namespace
 
-void onebit_settle(float* residual, size_t n, float* pending) {
-  if (*pending != 0.0f) settle_block(residual, n, *pending);
-  *pending = 0.0f;
+void onebit_settled_copy(const uint16_t* residual, size_t n, float pending, float* out) {
+  const size_t done = host_avx2() ? onebit_avx2::settled_kept_whole(residual, n, pending, out) : 0;
+  for (size_t i = done; i < n; ++i) {
+    out[i] = onebit_settled(onebit_kept_value(residual[i]), pending);
+  }
 }
 
-size_t onebit_encode_deferred(const float* in, float* residual, float* pending, size_t n,
+size_t onebit_encode_deferred(const float* in, uint16_t* residual, float* pending, size_t n,
                               uint8_t* out, uint8_t* cache) {
+  PYRING_CHECK_ARG((residual == nullptr) == (pending == nullptr),
+                   "onebit_encode_deferred: a kept residual goes with its pending scale");
   // One sweep, block by block: the signs and zero bits do not depend on the scale, and the
-  // residual keeps v until the scale is known (the next call, or onebit_settle).
+  // residual keeps v until the scale is known (the next call).
   const float was = residual ? *pending : 0.0f;
   double sumsq = 0.0;
   size_t zeros = 0;
   uint8_t* signs = out + sizeof(OnebitHeader);
   uint8_t* mask = signs + (n + 7) / 8;
   for (size_t b = 0; b < n; b += kBlock) {
-    encode_block(in + b, residual ? residual + b : nullptr, std::min(kBlock, n - b), was, sumsq,
-                 zeros, signs + b / 8, mask + b / 8);
+    const size_t len = std::min(kBlock, n - b);
+    if (residual) {
+      encode_block_kept(in + b, residual + b, len, was, sumsq, zeros, signs + b / 8, mask + b / 8);
+    } else {
+      encode_block(in + b, nullptr, len, 0.0f, sumsq, zeros, signs + b / 8, mask + b / 8);
+    }
   }
   const OnebitHeader h = header_of(sumsq, zeros, n);
   if (residual) *pending = h.scale;
@@ -209,10 +88,19 @@ size_t onebit_encode_deferred(const float* in, float* residual, float* pending, 
 }
 
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, uint8_t* cache) {
-  float pending = 0.0f;
-  const size_t bytes = onebit_encode_deferred(in, residual, &pending, n, out, cache);
-  if (residual) onebit_settle(residual, n, &pending);
-  return bytes;
+  // The residual keeps v through the sweep, then becomes v - decode(v) once the scale is known.
+  double sumsq = 0.0;
+  size_t zeros = 0;
+  uint8_t* signs = out + sizeof(OnebitHeader);
+  uint8_t* mask = signs + (n + 7) / 8;
+  for (size_t b = 0; b < n; b += kBlock) {
+    encode_block(in + b, residual ? residual + b : nullptr, std::min(kBlock, n - b), 0.0f, sumsq,
+                 zeros, signs + b / 8, mask + b / 8);
+  }
+  const OnebitHeader h = header_of(sumsq, zeros, n);
+  if (residual && h.scale != 0.0f) settle_block(residual, n, h.scale);
+  std::memcpy(out, &h, sizeof(h));
+  return onebit_cache_encoded(out, n, cache);
 }
 
 size_t onebit_cache_encoded(uint8_t* encoded, size_t n, uint8_t* cache) {
@@ -292,7 +180,7 @@ void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulat
 }
 
 size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const* copies,
-                            uint8_t* const* caches, size_t count, size_t n, float* residual,
+                            uint8_t* const* caches, size_t count, size_t n, uint16_t* residual,
                             float* pending, uint8_t* out, uint8_t* cache) {
   PYRING_CHECK_ARG(divisor >= 1, "onebit_reduce_encode: divisor ", divisor, " is not >= 1");
   const float div = static_cast<float>(divisor), alpha = 1.0f / div;
@@ -306,7 +194,8 @@ size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const*
     pos[k] = alpha * h.scale;
   }
   // Each block's sum, as finish_wide and onebit_decode would leave it in a buffer (kept in
-  // L1), encoded as onebit_encode_deferred does; the AVX2 path keeps it in registers.
+  // L1), encoded as onebit_encode_deferred does with a kept residual; the AVX2 path keeps it
+  // in registers.
   alignas(16) float sum[kBlock];
   const float was = *pending;
   double sumsq = 0.0;
@@ -331,7 +220,8 @@ size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const*
     for (size_t k = 0; k < count; ++k) {
       decode_span(signs[k] + b / 8, masks[k] ? masks[k] + b / 8 : nullptr, len, pos[k], true, sum);
     }
-    encode_block(sum, residual + b, len, was, sumsq, zeros, out_signs + b / 8, out_mask + b / 8);
+    encode_block_kept(sum, residual + b, len, was, sumsq, zeros, out_signs + b / 8,
+                      out_mask + b / 8);
   }
   const OnebitHeader h = header_of(sumsq, zeros, n);
   *pending = h.scale;

@@ -23,8 +23,10 @@ int blocks_for(size_t work) {
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
 }
 
-// Sweep 1: v = in + residual (kept in residual), the sum of squares and the count of zeros.
-__global__ void sumsq_kernel(const float* in, float* residual, size_t n, Workspace* ws) {
+// Sweep 1: v = in, or with a kept residual onebit_kept(in + its settled value) (kept there),
+// the sum of squares and the count of zeros.
+__global__ void sumsq_kernel(const float* in, uint16_t* residual, float pending, size_t n,
+                             Workspace* ws) {
   __shared__ double part_sq[kThreads / 32];
   __shared__ unsigned long long part_z[kThreads / 32];
   double sq = 0.0;
@@ -33,8 +35,9 @@ __global__ void sumsq_kernel(const float* in, float* residual, size_t n, Workspa
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float v = in[i];
     if (residual) {
-      v += residual[i];
-      residual[i] = v;
+      const uint16_t b = onebit_kept(v + onebit_settled(onebit_kept_value(residual[i]), pending));
+      residual[i] = b;
+      v = onebit_kept_value(b);
     }
     sq += static_cast<double>(v) * v;
     z += onebit_zero_bit(v);
@@ -64,27 +67,25 @@ __device__ float segment_scale(const Workspace* ws, size_t n) {
   return nonzero ? static_cast<float>(sqrt(ws->sumsq / static_cast<double>(nonzero))) : 0.0f;
 }
 
-// Sweep 2: each warp packs 32 values into 4 bytes of signs (and of the zero mask), and
-// stores the new residual v - decode(v).
-__global__ void pack_kernel(const float* in, float* residual, size_t n, uint8_t* out,
+// Sweep 2: each warp packs 32 values (sweep 1's v) into 4 bytes of signs (and of the zero
+// mask).
+__global__ void pack_kernel(const float* in, const uint16_t* residual, size_t n, uint8_t* out,
                             const Workspace* ws) {
   const float scale = segment_scale(ws, n);
   const bool zeros = ws->zeros != 0;
   const size_t sign_bytes = (n + 7) / 8;
   uint8_t* signs = out + sizeof(OnebitHeader);
   uint8_t* mask = signs + sign_bytes;
-  const float* v_in = residual ? residual : in;
   const size_t warps = (n + 31) / 32;
   const size_t warp_stride = static_cast<size_t>(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (size_t w = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps;
        w += warp_stride) {
     const size_t i = w * 32 + lane;
-    const float v = i < n ? v_in[i] : 1.0f;
+    const float v = i >= n ? 1.0f : residual ? onebit_kept_value(residual[i]) : in[i];
     const uint32_t s = onebit_sign_bit(v), zb = onebit_zero_bit(v);
     const unsigned sign_word = __ballot_sync(kFull, s);
     const unsigned zero_word = __ballot_sync(kFull, zb);
-    if (residual && i < n) residual[i] = v - onebit_value(s, zb, 0, scale);
     if (lane < 4 && w * 4 + lane < sign_bytes) {
       signs[w * 4 + lane] = static_cast<uint8_t>(sign_word >> (8 * lane));
       if (zeros) mask[w * 4 + lane] = static_cast<uint8_t>(zero_word >> (8 * lane));
@@ -112,13 +113,13 @@ size_t cuda_onebit_workspace_bytes() {
   return sizeof(Workspace);
 }
 
-size_t cuda_onebit_encode(const float* in, float* residual, size_t n, uint8_t* out, void* workspace,
-                          OnebitHeader* header, void* stream) {
+size_t cuda_onebit_encode(const float* in, uint16_t* residual, float pending, size_t n,
+                          uint8_t* out, void* workspace, OnebitHeader* header, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   Workspace* ws = static_cast<Workspace*>(workspace);
   PYRING_CUDA_CHECK(cudaMemsetAsync(ws, 0, sizeof(Workspace), s));
   if (n) {
-    sumsq_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, residual, n, ws);
+    sumsq_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, residual, pending, n, ws);
     PYRING_CUDA_CHECK(cudaGetLastError());
   }
   // One warp per 32 values; at least one block, to write the header.

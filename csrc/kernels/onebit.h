@@ -50,32 +50,40 @@ size_t onebit_bytes(const uint8_t* encoded, size_t n);
 uint32_t onebit_mask_hash(const uint8_t* mask, size_t bytes);
 
 // Encodes v = in + residual (residual may be null: no error feedback) into `out` (at least
-// onebit_max_bytes(n)) and, when residual is set, stores the new residual v - decode(v) in it.
-// `cache` (null: none) is this stream's encoder-side mask cache. Returns the bytes written.
+// onebit_max_bytes(n)) and, when residual is set, stores the new residual v - decode(v) in it,
+// in float32. `cache` (null: none) is this stream's encoder-side mask cache. Returns the bytes
+// written.
 size_t onebit_encode(const float* in, float* residual, size_t n, uint8_t* out,
                      uint8_t* cache = nullptr);
 
-// Deferred residuals, for a caller that keeps one between calls: the residual may be left
-// holding v, the value last encoded, with *pending the scale that encoding used. Settling
-// makes it v - decode(v), what onebit_encode stores, and *pending 0; with *pending 0 it is
-// settled already and settling changes nothing.
-void onebit_settle(float* residual, size_t n, float* pending);
+// Kept residuals, for a caller that keeps them between calls (the compressed allreduce's
+// state): bfloat16 (uint16_t bits), deferred. After an encoding of n values with scale p the
+// kept residual holds, per value, b = onebit_kept(v) for the value v it encoded, and the
+// caller keeps p as *pending (0: settled, b is the residual itself). The residual it stands
+// for is onebit_settled(onebit_kept_value(b), p), computed in float32 where it is used.
+//
+// An encoding with a kept residual rounds what it encodes to bfloat16: v = onebit_kept_value(
+// onebit_kept(in + settled residual)); its signs, zero bits and scale are those of that v.
+// What the rounding drops (at most 2^-8 of |v|) is not fed back. Half the memory and memory
+// traffic of float32 residuals.
 
-// onebit_encode with a deferred residual (non-null, with `pending`; or both null): settles it,
-// encodes v = in + residual and leaves v there with the scale in *pending, in one sweep over
-// `in` and the residual (onebit_encode makes two). The same bytes as onebit_encode, and after
-// onebit_settle the same residual.
-size_t onebit_encode_deferred(const float* in, float* residual, float* pending, size_t n,
+// onebit_encode with a kept residual (non-null, with `pending`; or both null: no residual,
+// no rounding): one sweep over `in` and the residual. Returns the bytes written; *pending
+// becomes this encoding's scale.
+size_t onebit_encode_deferred(const float* in, uint16_t* residual, float* pending, size_t n,
                               uint8_t* out, uint8_t* cache = nullptr);
 
-// The owner's step of the compressed allreduce, in one sweep over the residual:
+// The n residuals a kept residual with scale `pending` stands for, as float32 into `out`.
+void onebit_settled_copy(const uint16_t* residual, size_t n, float pending, float* out);
+
+// The owner's step of the compressed allreduce, in one sweep over the kept residual:
 // onebit_encode_deferred(in = own / divisor + the sum over k of decode(copies[k], cache
 // caches[k]) / divisor, residual, pending, n, out, cache), without storing the sum. The sum
 // starts at own[i] / divisor (float32 division: the owner's own values travel nowhere, so they
 // go in exact), then adds alpha * decode(copies[k]) in k order, alpha = 1 / divisor; divisor is
 // 1 (sum) or the world size (avg). Throws as onebit_decode, before writing anything.
 size_t onebit_reduce_encode(const float* own, int divisor, const uint8_t* const* copies,
-                            uint8_t* const* caches, size_t count, size_t n, float* residual,
+                            uint8_t* const* caches, size_t count, size_t n, uint16_t* residual,
                             float* pending, uint8_t* out, uint8_t* cache);
 
 // The mask caches applied to a segment that was encoded with none (a device encoder's): when

@@ -31,6 +31,35 @@ __attribute__((target("avx2"))) inline __m256 fed(__m256 v, float* residual, __m
   return v;
 }
 
+// A kept residual's eight values (kernels/onebit.h).
+__attribute__((target("avx2"))) inline __m256 kept_load(const uint16_t* residual) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(residual));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
+// onebit_kept of eight values, in the low half of each lane: half.h's to_bfloat16, lane by
+// lane.
+__attribute__((target("avx2"))) inline __m256i kept_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i bias =
+      _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, nan, is_nan);
+}
+
+// v + settled(kept residual), rounded as the residual keeps it and stored there; returns the
+// rounded value, the one encoded.
+__attribute__((target("avx2"))) inline __m256 fed_kept(__m256 v, uint16_t* residual, __m256 p) {
+  const __m256i b = kept_bits(_mm256_add_ps(v, settled(kept_load(residual), p)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(residual),
+                   _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+}
+
 // The eight values v into the block's running figures: their squares into acc, their zeros
 // into zero_lanes (-1 each), their sign and zero bytes.
 __attribute__((target("avx2"))) inline void figures8(__m256 v, __m256& acc, __m256i& zero_lanes,
@@ -101,6 +130,20 @@ __attribute__((target("avx2"))) void encode_block(const float* in, float* residu
                      sumsq, zeros, signs + whole, mask + whole);
 }
 
+__attribute__((target("avx2"))) void encode_block_kept(const float* in, uint16_t* residual,
+                                                       size_t count, float pending, double& sumsq,
+                                                       size_t& zeros, uint8_t* signs,
+                                                       uint8_t* mask) {
+  __m256 acc = _mm256_setzero_ps();
+  __m256i zero_lanes = _mm256_setzero_si256();
+  const __m256 p = _mm256_set1_ps(pending);
+  for (size_t j = 0; j < count / 8; ++j) {
+    figures8(fed_kept(_mm256_loadu_ps(in + 8 * j), residual + 8 * j, p), acc, zero_lanes, signs + j,
+             mask + j);
+  }
+  add_figures(acc, zero_lanes, sumsq, zeros);
+}
+
 namespace {
 
 // own[i] / divisor for eight values: a product where 1 / divisor is exact (a power of two:
@@ -131,7 +174,7 @@ struct ReduceBlock {
   const float* pos;
   size_t copies;
   size_t count;
-  float* residual;
+  uint16_t* residual;
   float pending;
   uint8_t* out_signs;
   uint8_t* out_mask;
@@ -159,7 +202,8 @@ __attribute__((target("avx2"))) void reduce_encode_scaled(const ReduceBlock& b, 
       const uint8_t s = b.signs[k][j];
       sum = _mm256_add_ps(b.masks[k] ? decoded8(s, b.masks[k][j], pk) : decoded8(s, pk), sum);
     }
-    figures8(fed(sum, b.residual + 8 * j, p), acc, zero_lanes, b.out_signs + j, b.out_mask + j);
+    figures8(fed_kept(sum, b.residual + 8 * j, p), acc, zero_lanes, b.out_signs + j,
+             b.out_mask + j);
   }
   add_figures(acc, zero_lanes, sumsq, zeros);
 }
@@ -183,7 +227,7 @@ __attribute__((target("avx2"))) void reduce_encode_counted(const ReduceBlock& b,
 
 __attribute__((target("avx2"))) void reduce_encode_block(
     const float* own, float divisor, const uint8_t* const* signs, const uint8_t* const* masks,
-    const float* pos, size_t copies, size_t count, float* residual, float pending, double& sumsq,
+    const float* pos, size_t copies, size_t count, uint16_t* residual, float pending, double& sumsq,
     size_t& zeros, uint8_t* out_signs, uint8_t* out_mask) {
   const ReduceBlock b{own,   divisor,  signs,   masks,     pos,     copies,
                       count, residual, pending, out_signs, out_mask};
@@ -204,6 +248,14 @@ __attribute__((target("avx2"))) void settle_block(float* residual, size_t count,
     _mm256_storeu_ps(residual + i, settled(_mm256_loadu_ps(residual + i), p));
   }
   for (; i < count; ++i) residual[i] = onebit_settled(residual[i], scale);
+}
+
+__attribute__((target("avx2"))) size_t settled_kept_whole(const uint16_t* residual, size_t count,
+                                                          float scale, float* out) {
+  const __m256 p = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, settled(kept_load(residual + i), p));
+  return i;
 }
 
 __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const uint8_t* mask,
@@ -239,9 +291,14 @@ __attribute__((target("avx2"))) size_t decode_whole(const uint8_t* signs, const 
 #else
 
 void encode_block(const float*, float*, size_t, float, double&, size_t&, uint8_t*, uint8_t*) {}
+void encode_block_kept(const float*, uint16_t*, size_t, float, double&, size_t&, uint8_t*,
+                       uint8_t*) {}
 void reduce_encode_block(const float*, float, const uint8_t* const*, const uint8_t* const*,
-                         const float*, size_t, size_t, float*, float, double&, size_t&, uint8_t*,
+                         const float*, size_t, size_t, uint16_t*, float, double&, size_t&, uint8_t*,
                          uint8_t*) {}
+size_t settled_kept_whole(const uint16_t*, size_t, float, float*) {
+  return 0;
+}
 void settle_block(float*, size_t, float) {}
 size_t decode_whole(const uint8_t*, const uint8_t*, size_t, float, bool, float*) {
   return 0;

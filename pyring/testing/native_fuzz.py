@@ -11,7 +11,7 @@ import subprocess
 
 SOURCES = ["tests/fuzz/fuzz_parsers.cc", "csrc/collectives/header.cc", "csrc/core/types.cc",
            "csrc/core/errors.cc", "csrc/core/topology.cc", "csrc/kernels/onebit.cc",
-           "csrc/kernels/onebit_avx2.cc", "csrc/kernels/simd.cc",
+           "csrc/kernels/onebit_avx2.cc", "csrc/kernels/onebit_blocks.cc", "csrc/kernels/simd.cc",
            "csrc/transport/tcp/tcp_handshake.cc", "csrc/transport/tcp/hmac_sha256.cc"]
 FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=fuzzer,address,undefined",
          "-fno-sanitize-recover=undefined"]

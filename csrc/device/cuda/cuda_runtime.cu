@@ -247,15 +247,15 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   // Holds the device's workspace until the encode has synchronized s.
-  size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
-                       OnebitHeader* header, StreamId s) override {
+  size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
+                       uint8_t* out, OnebitHeader* header, StreamId s) override {
     use_device(index);
     OnebitWorkspace& ws = onebit_workspace(index);
     std::lock_guard<std::mutex> lock(ws.mu);
     if (ws.ptr == nullptr) {
       PYRING_CUDA_CHECK_ON(index, cudaMalloc(&ws.ptr, cuda_onebit_workspace_bytes()));
     }
-    return cuda_onebit_encode(in, residual, n, out, ws.ptr, header, to_ptr(s));
+    return cuda_onebit_encode(in, residual, pending, n, out, ws.ptr, header, to_ptr(s));
   }
 
   void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,

@@ -117,11 +117,12 @@ class Sim final : public SimRuntime {
             StreamId s) override {
     stream(index, s).enqueue([=] { wire_cast(from, to, in, out, n); });
   }
-  size_t onebit_encode(int index, const float* in, float* residual, size_t n, uint8_t* out,
-                       OnebitHeader* header, StreamId s) override {
+  size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
+                       uint8_t* out, OnebitHeader* header, StreamId s) override {
     size_t bytes = 0;
     stream(index, s).enqueue([=, &bytes] {
-      bytes = pyring::onebit_encode(in, residual, n, out);
+      float p = pending;
+      bytes = pyring::onebit_encode_deferred(in, residual, residual ? &p : nullptr, n, out);
       std::memcpy(header, out, sizeof(OnebitHeader));
     });
     synchronize(index, s);
