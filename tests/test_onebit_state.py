@@ -61,3 +61,32 @@ def test_kept_residuals_resume_bit_for_bit_and_load_the_float32_format():
         assert same_after == [True, True] and same_state
         assert rounded
         assert f"needs {N + 1} worker residuals" in error and f"it holds {N}" in error, error
+
+
+def _reshaped(rank, world, store):
+    # A state saved with the other rank's shape (same sizes; with even chunks the same layout
+    # of scales): binding it to this rank's shape settles it in the saved layout, keeps it
+    # rounded and starts with no scale, which is what loading its settled float32 residuals
+    # gives.
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    x = torch.randn(N, generator=torch.Generator().manual_seed(rank)) + 3.0  # no exact zero
+    a = pyring.OneBitState()
+    comm.all_reduce(x.clone(), op="avg", wire="onebit", state=a)
+    sd = a.state_dict()
+    b, c = pyring.OneBitState(), pyring.OneBitState()
+    b.load_state_dict(dict(sd, shape=torch.tensor([N, world, 1 - rank])))
+    c.load_state_dict({"worker": a.worker, "server": a.server, "masks": sd["masks"]})
+    yb, yc = x.clone(), x.clone()
+    comm.all_reduce(yb, op="avg", wire="onebit", state=b)
+    comm.all_reduce(yc, op="avg", wire="onebit", state=c)
+    sb, sc = b.state_dict(), c.state_dict()
+    comm.close()
+    return (sb["shape"].tolist(), bool(torch.equal(yb, yc)),
+            all(torch.equal(sb[k], sc[k]) for k in sb), bool(sd["scales"].any()))
+
+
+def test_a_state_bound_to_another_shape_settles_in_the_saved_one():
+    for rank, (shape, same_out, same_state, had_scales) in enumerate(
+            run_ranks(2, _reshaped, timeout=300)):
+        assert shape == [N, 2, rank] and had_scales
+        assert same_out and same_state
