@@ -86,9 +86,12 @@ void WireState::each_segment(F f) const {
 }
 
 void WireState::settled_copy(float* w, float* sv) const {
-  for (size_t i = 0; i < worker.size(); ++i) w[i] = onebit_kept_value(worker[i]);
-  for (size_t i = 0; i < server.size(); ++i) sv[i] = onebit_kept_value(server[i]);
-  if (n_ == 0 || pending.empty()) return;  // settled (bind refuses scales without a shape)
+  if (n_ == 0 || pending.empty()) {  // settled (set refuses scales without a shape)
+    for (size_t i = 0; i < worker.size(); ++i) w[i] = onebit_kept_value(worker[i]);
+    for (size_t i = 0; i < server.size(); ++i) sv[i] = onebit_kept_value(server[i]);
+    return;
+  }
+  // The segments cover worker and server whole.
   each_segment([&](bool is_server, size_t off, size_t count, size_t k) {
     const uint16_t* from = (is_server ? server.data() : worker.data()) + off;
     onebit_settled_copy(from, count, pending[k], (is_server ? sv : w) + off);
