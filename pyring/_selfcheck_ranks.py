@@ -210,3 +210,29 @@ def measure_allreduce(limit: Callable[[float], float]) -> dict[str, Any]:
     if bad:
         out["error"] = f"failed or wrong: {', '.join(bad)}"
     return out
+
+
+# ----------------------------------------------------------------------------- sanitizer
+# The jobs the self-check runs under compute-sanitizer: each path a 2-rank allreduce takes on
+# one GPU (the device ring over cuda_ipc, staging through pinned host memory, the one-bit wire's
+# device codec), on an odd element count so that no kernel sees only whole blocks.
+SANITIZE_JOBS = ("pyring", "pyring-staged", "pyring-onebit")
+SANITIZE_ELEMENTS = (1 << 18) + 37
+
+
+def sanitize_jobs(timeout: float = 120.0) -> int:
+    """Runs SANITIZE_JOBS at 2 ranks, one after another; prints one JSON line, {job: "ok" or
+    the error}, and returns the exit status: 0 when every job ran and summed right."""
+    import json
+
+    out: dict[str, str] = {}
+    for lib in SANITIZE_JOBS:
+        try:
+            ranks = launch(2, allreduce_rank, lib, 4 * SANITIZE_ELEMENTS, 1, 2, 60.0,
+                           timeout=timeout)
+            wrong = sum(r["wrong"] for r in ranks)
+            out[lib] = f"{wrong} wrong elements" if wrong else "ok"
+        except Exception as e:
+            out[lib] = f"{type(e).__name__}: {e}"[-1000:]
+    print("sanitize_jobs " + json.dumps(out), flush=True)
+    return 0 if all(v == "ok" for v in out.values()) else 1

@@ -13,6 +13,8 @@ Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
   allreduce    64 MiB float32 CUDA tensors: pyring and gloo at 2 and 4 ranks on GPU 0, pyring
                and NCCL at 1 rank, and a pinned D2H + H2D of the same bytes
   main_job     examples/train.py on the GPU(s) and on the CPU, the same ranks, steps and seeds
+  sanitizer    compute-sanitizer memcheck and racecheck over 2-rank allreduces on GPU 0 (the
+               device ring, host staging, the one-bit wire)
   cpu_scaling  bench/training.py --mode scaling on the CPU (GPUs hidden), pyring beside DDP+gloo
 A step that needs a GPU records {"skipped": why} where none is usable; a step that fails
 records its error and the next one runs. The exit status is 1 when a step that ran failed.
@@ -77,9 +79,10 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], limit: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run(cmd: list[str], limit: float, env: dict[str, str] | None = None,
+        tail: int = 3000) -> dict[str, Any]:
     """Runs cmd in the tree: its exit status (None: killed at `limit` seconds), how it ended,
-    its wall time and its output's tail. Never raises."""
+    its wall time and its output's last `tail` characters. Never raises."""
     t0 = time.perf_counter()
     try:
         res = subprocess.run(cmd, cwd=tree(), env=env or child_env(), capture_output=True,
@@ -89,7 +92,7 @@ def run(cmd: list[str], limit: float, env: dict[str, str] | None = None) -> dict
         out = b"".join(x for x in (e.stdout, e.stderr) if isinstance(x, bytes))
         rc, text, ended = None, out.decode(errors="replace"), f"was killed after {limit:.0f} s"
     return {"command": cmd, "rc": rc, "ended": ended,
-            "wall_s": round(time.perf_counter() - t0, 1), "tail": text[-3000:]}
+            "wall_s": round(time.perf_counter() - t0, 1), "tail": text[-tail:]}
 
 
 def probe(limit: float = 120.0) -> dict[str, Any]:
@@ -197,16 +200,78 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
     return res
 
 
-def step_kernels(c: Check) -> dict[str, Any]:
-    from pyring._selfcheck_ranks import measure_kernels
+def in_child(c: Check, name: str, cap: float) -> dict[str, Any]:
+    """Step `name`'s measurement run by a fresh interpreter (`--child name`): this process may
+    hold no pyring._C, or one the build has replaced. Its record is the child's last line."""
+    limit = c.left(cap)
+    res = run([sys.executable, str(Path(__file__).absolute()), "--child", name, "--budget",
+               str(limit - 5), "--out", str(c.out)], limit)
+    try:
+        return json.loads(res["tail"].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {**res, "error": f"the {name} child {res['ended']} without a record"}
 
-    return measure_kernels(c.left(180))
+
+def step_kernels(c: Check) -> dict[str, Any]:
+    return in_child(c, "kernels", 200)
 
 
 def step_allreduce(c: Check) -> dict[str, Any]:
-    from pyring._selfcheck_ranks import measure_allreduce
+    return in_child(c, "allreduce", 420)
 
-    return measure_allreduce(c.left)
+
+def child_measure(c: Check, name: str) -> dict[str, Any]:
+    from pyring._selfcheck_ranks import measure_allreduce, measure_kernels
+
+    return measure_kernels(c.left(200)) if name == "kernels" else measure_allreduce(c.left)
+
+
+SANITIZER_TOOLS = ("memcheck", "racecheck")
+
+
+def sanitizer_path() -> str | None:
+    """compute-sanitizer on PATH, else under CUDA_HOME or /usr/local/cuda; None: absent."""
+    import shutil
+
+    for cand in (shutil.which("compute-sanitizer"),
+                 *(Path(d) / "bin" / "compute-sanitizer" for d in
+                   (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda") if d)):
+        if cand and Path(cand).exists():
+            return str(cand)
+    return None
+
+
+def step_sanitizer(c: Check) -> dict[str, Any]:
+    """Each tool of SANITIZER_TOOLS over pyring/_selfcheck_ranks.py's sanitize_jobs (2 ranks on
+    GPU 0, every process followed): the errors each tool reports, summed over processes."""
+    exe = sanitizer_path()
+    if exe is None:
+        return {"error": "compute-sanitizer is not on PATH, under CUDA_HOME or /usr/local/cuda"}
+    job = ("import sys; from pyring._selfcheck_ranks import sanitize_jobs; "
+           "sys.exit(sanitize_jobs())")
+    out: dict[str, Any] = {"tools": {}}
+    for tool in SANITIZER_TOOLS:
+        res = run([exe, "--tool", tool, "--target-processes", "all", "--error-exitcode", "97",
+                   sys.executable, "-c", job], c.left(200), tail=1 << 24)
+        (c.out / f"sanitizer_{tool}.log").write_text(res["tail"])
+        # One summary per process followed; racecheck's names its errors and warnings apart.
+        found = re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error",
+                           res["tail"]) or re.findall(r"ERROR SUMMARY: (\d+) error", res["tail"])
+        jobs = re.findall(r"sanitize_jobs (\{.*\})", res["tail"])
+        res |= {"errors": sum(map(int, found)), "summaries": len(found),
+                "jobs": json.loads(jobs[-1]) if jobs else None, "tail": res["tail"][-3000:],
+                "log": str(c.out / f"sanitizer_{tool}.log")}
+        out["tools"][tool] = res
+    ran = all(t["jobs"] and all(v == "ok" for v in t["jobs"].values()) and t["summaries"]
+              for t in out["tools"].values())
+    # A figure only where every job ran to its end under every tool.
+    out["values"] = {"sanitizer_errors": sum(t["errors"] for t in out["tools"].values())} if ran \
+        else {}
+    bad = [f"{k} ({v['ended']}, {v['errors']} errors, jobs {v['jobs']})"
+           for k, v in out["tools"].items() if v["rc"] != 0 or v["errors"] or not v["jobs"]]
+    if bad:
+        out["error"] = "compute-sanitizer: " + "; ".join(bad)
+    return out
 
 
 def main_job_args(c: Check) -> list[str]:
@@ -259,8 +324,10 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
 
 STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "build": step_build, "gpu_tests": step_gpu_tests, "kernels": step_kernels,
-    "allreduce": step_allreduce, "main_job": step_main_job, "cpu_scaling": step_cpu_scaling}
-GPU_STEPS = ("gpu_tests", "kernels", "allreduce")  # skipped whole where no GPU is usable
+    "allreduce": step_allreduce, "main_job": step_main_job, "sanitizer": step_sanitizer,
+    "cpu_scaling": step_cpu_scaling}
+# Skipped whole where no GPU is usable.
+GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "sanitizer")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -273,7 +340,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds for the whole run: a step past it fails as not run")
     p.add_argument("--tree", type=Path, help="the source tree with examples/ and bench/ "
                    "(default: pyring's parent when it holds one, else the working dir)")
+    p.add_argument("--skip", default="", metavar="STEP,...",
+                   help=f"steps not to run, recorded as skipped (of {', '.join(STEPS)})")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("kernels", "allreduce"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -282,10 +352,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         print(json.dumps(_probe_here()))
         return 0
+    if args.child:
+        try:
+            rec = child_measure(Check(args), args.child)
+        except Exception as e:
+            rec = {"error": f"{type(e).__name__}: {e}"[-3000:],
+                   "traceback": traceback.format_exc()}
+        print("\n" + json.dumps(rec, default=str))
+        return 0
     if args.tree is not None:
         if not (args.tree / "examples" / "train.py").exists():
             raise SystemExit(f"--tree {args.tree}: no examples/train.py there")
         _TREE.append(args.tree.resolve())
+    skip = [s for s in args.skip.split(",") if s]
+    if set(skip) - set(STEPS):
+        raise SystemExit(f"--skip {args.skip}: no step {sorted(set(skip) - set(STEPS))}; "
+                         f"the steps are {', '.join(STEPS)}")
     c = Check(args)
     c.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -298,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] ", end="", flush=True)
         t = time.perf_counter()
         try:
-            why = no_gpu_reason(c.probe) if name in GPU_STEPS else None
+            why = "--skip" if name in skip else (no_gpu_reason(c.probe) if name in GPU_STEPS
+                                                  else None)
             rec = {"skipped": why} if why else step(c)
         except Exception as e:
             rec = {"error": f"{type(e).__name__}: {e}"[-3000:], "traceback": traceback.format_exc()}
