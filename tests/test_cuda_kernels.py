@@ -61,11 +61,12 @@ def test_reduce_matches_torch(dtype, op, offset):
     torch.cuda.synchronize()
     want_acc = _apply(op, a.to(b.dtype), b)
     assert torch.equal(acc, want_acc)
-    want = want_acc
-    if op == "avg":
-        want = (want / world if dtype.is_floating_point
-                else torch.div(want, world, rounding_mode="trunc"))
-    assert torch.equal(out, want.to(dtype))
+    want = want_acc.cpu()
+    if op == "avg":  # a true division: torch's `tensor / scalar` multiplies by the reciprocal
+        div = torch.full_like(want, world)
+        want = (torch.div(want, div) if dtype.is_floating_point
+                else torch.div(want, div, rounding_mode="trunc"))
+    assert torch.equal(out.cpu(), want.to(dtype))
 
 
 @gpu

@@ -12,9 +12,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// N elements of T in 16 bytes (or more, for a wider Acc beside a narrower T).
+// N elements of T, loaded and stored as one access: 16 bytes, or more for a wider Acc beside a
+// narrower T (two or more 16-byte accesses), or less for the narrower side of a cast (8 bytes
+// of float16 beside 16 of float32). Its size is exactly N elements, so that vector v of an
+// array starts at element v * N.
 template <class T, int N>
-struct alignas(16) Vec {
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
   T v[N];
 };
 
@@ -43,10 +46,17 @@ __global__ void elementwise_kernel(F f, size_t n, bool vectors) {
   for (size_t i = nv * N + tid; i < n; i += stride) f.one(i);
 }
 
+// Whether vectors of A and B over N lanes hold exactly N elements each (no padding).
+template <class A, class B, int N>
+constexpr bool packed() {
+  return sizeof(Vec<A, N>) == sizeof(A) * N && sizeof(Vec<B, N>) == sizeof(B) * N;
+}
+
 template <class T, class Op>
 struct Accumulate {
   using Acc = typename Elem<T>::Acc;
   static constexpr int N = lanes<T>();
+  static_assert(packed<T, Acc, N>(), "the vectors hold N elements");
   const T* a;
   const Acc* b;
   Acc* acc;
@@ -65,6 +75,7 @@ template <class T, class Op, bool kAvg>
 struct Finish {
   using Acc = typename Elem<T>::Acc;
   static constexpr int N = lanes<T>();
+  static_assert(packed<T, Acc, N>(), "the vectors hold N elements");
   const T* a;
   const Acc* b;
   T* out;
@@ -84,6 +95,7 @@ template <class T, bool kAvg>
 struct FinishWide {
   using Acc = typename Elem<T>::Acc;
   static constexpr int N = lanes<T>();
+  static_assert(packed<T, Acc, N>(), "the vectors hold N elements");
   const Acc* acc;
   T* out;
   Acc div;
@@ -104,6 +116,7 @@ struct FinishWide {
 template <class From, class To>
 struct Cast {
   static constexpr int N = lanes<From>() < lanes<To>() ? lanes<From>() : lanes<To>();
+  static_assert(packed<From, To, N>(), "a cast's vectors hold N elements");
   const From* in;
   To* out;
   __device__ static To convert(From x) { return Elem<To>::narrow(Elem<From>::widen(x)); }
