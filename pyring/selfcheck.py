@@ -7,12 +7,12 @@ tests and the GPU benchmarks, and writes one JSON and one PNG with the machine's
 Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
   build        pip install --no-build-isolation --no-deps --no-index -e <tree> (scikit-build-core)
                with CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=<the GPUs', e.g. 90> -DPYRING_CUDA=ON"
-  gpu_tests    pytest -m gpu -q
   kernels      cuda_reduce_accumulate and cuda_onebit_encode on 256 MiB of float32 beside
                torch's device-to-device dst.copy_(src), timed with CUDA events
   allreduce    64 MiB float32 CUDA tensors: pyring and gloo at 2 and 4 ranks on GPU 0, pyring
                and NCCL at 1 rank, and a pinned D2H + H2D of the same bytes
   main_job     examples/train.py on the GPU(s) and on the CPU, the same ranks, steps and seeds
+  gpu_tests    pytest -m gpu, every outcome and the failures in DIR/gpu_tests.log
   sanitizer    compute-sanitizer memcheck and racecheck over 2-rank allreduces on GPU 0 (the
                device ring, host staging, the one-bit wire)
   cpu_scaling  bench/training.py --mode scaling on the CPU (GPUs hidden), pyring beside DDP+gloo
@@ -190,13 +190,24 @@ def step_build(c: Check) -> dict[str, Any]:
 
 
 def step_gpu_tests(c: Check) -> dict[str, Any]:
-    res = run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
-              c.left(300))
+    """pytest -m gpu, each test's outcome on its own line in DIR/gpu_tests.log (a run killed at
+    its limit still names the test it was in), the failures' tracebacks and the slowest tests
+    at its end; a test stuck for 90 s dumps every thread's stack there."""
+    log = c.out / "gpu_tests.log"
+    res = run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "--tb=short",
+               "--durations=12", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=90"],
+              c.left(300), tail=1 << 24)
+    log.write_text(res["tail"])
+    outcomes = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", res["tail"], re.M)
+    started = re.findall(r"^(tests/\S+) ", res["tail"], re.M)
     counts = {k: int(v) for v, k in re.findall(
-        r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", res["tail"][-600:])}
-    res["counts"] = counts
+        r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", res["tail"][-800:])}
+    res |= {"counts": counts, "log": str(log), "tail": res["tail"][-3000:],
+            "failed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
+            "unfinished": started[-1] if res["rc"] is None and started else None}
     if res["rc"] != 0 or not counts.get("passed"):
-        res["error"] = f"pytest {res['ended']}: {counts or 'no summary'}"
+        res["error"] = (f"pytest {res['ended']}: {counts or 'no summary'}; failed: "
+                        f"{', '.join(res['failed']) or 'none'}; in {res['unfinished']} at the end")
     return res
 
 
@@ -322,9 +333,10 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
     return out
 
 
+# The measurements first, then the tests and the sanitizer, which may run long when they fail.
 STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
-    "build": step_build, "gpu_tests": step_gpu_tests, "kernels": step_kernels,
-    "allreduce": step_allreduce, "main_job": step_main_job, "sanitizer": step_sanitizer,
+    "build": step_build, "kernels": step_kernels, "allreduce": step_allreduce,
+    "main_job": step_main_job, "gpu_tests": step_gpu_tests, "sanitizer": step_sanitizer,
     "cpu_scaling": step_cpu_scaling}
 # Skipped whole where no GPU is usable.
 GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "sanitizer")
@@ -336,7 +348,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="selfcheck", help="folder of selfcheck.json and .png")
     p.add_argument("--quick", action="store_true", help="small CPU parts (about a minute)")
     p.add_argument("--no-build", action="store_true", help="use the pyring already importable")
-    p.add_argument("--budget", type=float, default=840.0,
+    p.add_argument("--budget", type=float, default=720.0,
                    help="seconds for the whole run: a step past it fails as not run")
     p.add_argument("--tree", type=Path, help="the source tree with examples/ and bench/ "
                    "(default: pyring's parent when it holds one, else the working dir)")

@@ -16,7 +16,7 @@ import torch
 import pyring
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("build", "gpu_tests", "kernels", "allreduce", "main_job", "sanitizer", "cpu_scaling")
+STEPS = ("build", "kernels", "allreduce", "main_job", "gpu_tests", "sanitizer", "cpu_scaling")
 
 
 def _positive(x: object) -> bool:
