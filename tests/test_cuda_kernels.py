@@ -85,7 +85,8 @@ def test_wire_casts_match_torch(half):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 31, 33, 4096, 1_000_003])
-def test_onebit_matches_the_cpu_kernel(n):
+@pytest.mark.parametrize("offset", [0, 3])  # 3: misaligned buffers (the kernel's scalar path)
+def test_onebit_matches_the_cpu_kernel(n, offset):
     x = torch.randn(n)
     x[::5] = 0.0
     res = (torch.randn(n) * 0.1).to(torch.bfloat16)  # a kept residual
@@ -95,14 +96,22 @@ def test_onebit_matches_the_cpu_kernel(n):
     cpu_res, cpu_pending = res.clone(), torch.full((1,), pending)
     cpu_bytes = _C.onebit_encode_deferred(x.data_ptr(), cpu_res.data_ptr(), cpu_pending.data_ptr(),
                                           n, cpu_out.data_ptr())
-    dx, dres = x.cuda(), res.cuda()
-    out = torch.empty(_C.onebit_max_bytes(n), dtype=torch.uint8, device="cuda")
+    dx = torch.full((n + offset,), float("nan"), device="cuda")[offset:]
+    dres = torch.zeros(n + offset, dtype=torch.bfloat16, device="cuda")[offset:]
+    dx.copy_(x)
+    dres.copy_(res)
+    # The segment starts 2 * offset bytes in: its header may sit at any even offset.
+    out = torch.full((_C.onebit_max_bytes(n) + 2 * offset,), 0xA5, dtype=torch.uint8,
+                     device="cuda")[2 * offset:]
     ws = torch.empty(_C.cuda_onebit_workspace_bytes(), dtype=torch.uint8, device="cuda")
     nbytes, scale, zeros, count = _C.cuda_onebit_encode(dx.data_ptr(), dres.data_ptr(), pending,
                                                         n, out.data_ptr(), ws.data_ptr())
     assert nbytes == cpu_bytes and count == n and zeros == 1
-    # Signs, mask and the kept residual bit for bit; the scale to rounding (another summation
-    # order).
+    # The header, signs, mask and the kept residual bit for bit; the scale to rounding (another
+    # summation order).
+    head = out[:16].cpu()
+    assert head[4:16].tolist() == cpu_out[4:16].tolist()
+    assert head[:4].view(torch.float32).item() == scale
     assert torch.equal(out[16:nbytes].cpu(), cpu_out[16:nbytes])
     assert torch.equal(dres.cpu().view(torch.int16), cpu_res.view(torch.int16))
     assert abs(scale - cpu_pending.item()) <= 1e-5 * scale

@@ -23,24 +23,71 @@ int blocks_for(size_t work) {
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
 }
 
-// Sweep 1: v = in, or with a kept residual onebit_kept(in + its settled value) (kept there),
-// the sum of squares and the count of zeros.
-__global__ void sumsq_kernel(const float* in, uint16_t* residual, float pending, size_t n,
-                             Workspace* ws) {
+// The kept residual after adding x to the one whose bits are r, settled at scale `pending`; the
+// value the segment encodes is onebit_kept_value of it.
+__device__ __forceinline__ uint16_t kept_next(float x, uint16_t r, float pending) {
+  return onebit_kept(x + onebit_settled(onebit_kept_value(r), pending));
+}
+
+// One sweep: each thread takes groups of 8 values (one byte of signs and one of the zero mask)
+// and adds their squares and zeros to the workspace; the signs and the mask do not depend on the
+// scale, so they are written here. The mask is always written (the segment has room for it); the
+// header says whether it follows. `vectors`: in (and residual) are 16-byte aligned, so a full
+// group is two 16-byte loads of in and one of residual.
+__global__ void encode_kernel(const float* in, uint16_t* residual, float pending, size_t n,
+                              bool vectors, uint8_t* signs, uint8_t* mask, Workspace* ws) {
   __shared__ double part_sq[kThreads / 32];
   __shared__ unsigned long long part_z[kThreads / 32];
   double sq = 0.0;
   unsigned long long z = 0;
+  const size_t groups = (n + 7) / 8, full = vectors ? n / 8 : 0;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float v = in[i];
-    if (residual) {
-      const uint16_t b = onebit_kept(v + onebit_settled(onebit_kept_value(residual[i]), pending));
-      residual[i] = b;
-      v = onebit_kept_value(b);
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += stride) {
+    float v[8];
+    if (g < full) {
+      const float4 x0 = reinterpret_cast<const float4*>(in)[2 * g];
+      const float4 x1 = reinterpret_cast<const float4*>(in)[2 * g + 1];
+      v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
+      v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+      if (residual) {
+        const uint4 p = reinterpret_cast<const uint4*>(residual)[g];
+        uint32_t w[4] = {p.x, p.y, p.z, p.w};  // element 8g + k in half k % 2 of w[k / 2]
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int shift = 16 * (k % 2);
+          const uint16_t b = kept_next(v[k], static_cast<uint16_t>(w[k / 2] >> shift), pending);
+          w[k / 2] = (w[k / 2] & ~(0xffffu << shift)) | (static_cast<uint32_t>(b) << shift);
+          v[k] = onebit_kept_value(b);
+        }
+        reinterpret_cast<uint4*>(residual)[g] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const size_t i = 8 * g + k;
+        if (i >= n) {
+          v[k] = 1.0f;  // past the end: no sign bit, not a zero, no square
+        } else if (residual) {
+          const uint16_t b = kept_next(in[i], residual[i], pending);
+          residual[i] = b;
+          v[k] = onebit_kept_value(b);
+        } else {
+          v[k] = in[i];
+        }
+      }
     }
-    sq += static_cast<double>(v) * v;
-    z += onebit_zero_bit(v);
+    uint32_t sbyte = 0, zbyte = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const bool real = 8 * g + k < n;
+      sq += real ? static_cast<double>(v[k]) * v[k] : 0.0;
+      z += onebit_zero_bit(v[k]);
+      sbyte |= onebit_sign_bit(v[k]) << k;
+      zbyte |= onebit_zero_bit(v[k]) << k;
+    }
+    signs[g] = static_cast<uint8_t>(sbyte);
+    mask[g] = static_cast<uint8_t>(zbyte);
   }
   for (int d = 16; d > 0; d >>= 1) {
     sq += __shfl_down_sync(kFull, sq, d);
@@ -62,39 +109,15 @@ __global__ void sumsq_kernel(const float* in, uint16_t* residual, float pending,
   }
 }
 
-__device__ float segment_scale(const Workspace* ws, size_t n) {
+// The header, from the sweep's sums: the scale is the root mean square of the nonzero values.
+// Written byte by byte: a segment (and its header) may start at any even offset of the buffer.
+__global__ void header_kernel(size_t n, const Workspace* ws, uint8_t* out) {
   const unsigned long long nonzero = n - ws->zeros;
-  return nonzero ? static_cast<float>(sqrt(ws->sumsq / static_cast<double>(nonzero))) : 0.0f;
-}
-
-// Sweep 2: each warp packs 32 values (sweep 1's v) into 4 bytes of signs (and of the zero
-// mask).
-__global__ void pack_kernel(const float* in, const uint16_t* residual, size_t n, uint8_t* out,
-                            const Workspace* ws) {
-  const float scale = segment_scale(ws, n);
-  const bool zeros = ws->zeros != 0;
-  const size_t sign_bytes = (n + 7) / 8;
-  uint8_t* signs = out + sizeof(OnebitHeader);
-  uint8_t* mask = signs + sign_bytes;
-  const size_t warps = (n + 31) / 32;
-  const size_t warp_stride = static_cast<size_t>(gridDim.x) * blockDim.x / 32;
-  const int lane = threadIdx.x % 32;
-  for (size_t w = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps;
-       w += warp_stride) {
-    const size_t i = w * 32 + lane;
-    const float v = i >= n ? 1.0f : residual ? onebit_kept_value(residual[i]) : in[i];
-    const uint32_t s = onebit_sign_bit(v), zb = onebit_zero_bit(v);
-    const unsigned sign_word = __ballot_sync(kFull, s);
-    const unsigned zero_word = __ballot_sync(kFull, zb);
-    if (lane < 4 && w * 4 + lane < sign_bytes) {
-      signs[w * 4 + lane] = static_cast<uint8_t>(sign_word >> (8 * lane));
-      if (zeros) mask[w * 4 + lane] = static_cast<uint8_t>(zero_word >> (8 * lane));
-    }
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    const OnebitHeader h{scale, zeros ? kMaskFollows : kNoZeros, 0u, static_cast<uint32_t>(n)};
-    *reinterpret_cast<OnebitHeader*>(out) = h;
-  }
+  const float scale =
+      nonzero ? static_cast<float>(sqrt(ws->sumsq / static_cast<double>(nonzero))) : 0.0f;
+  const OnebitHeader h{scale, ws->zeros ? kMaskFollows : kNoZeros, 0u, static_cast<uint32_t>(n)};
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&h);
+  for (size_t k = 0; k < sizeof(OnebitHeader); ++k) out[k] = b[k];
 }
 
 __global__ void decode_kernel(const uint8_t* signs, const uint8_t* mask, size_t n, float pos,
@@ -119,11 +142,14 @@ size_t cuda_onebit_encode(const float* in, uint16_t* residual, float pending, si
   Workspace* ws = static_cast<Workspace*>(workspace);
   PYRING_CUDA_CHECK(cudaMemsetAsync(ws, 0, sizeof(Workspace), s));
   if (n) {
-    sumsq_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, residual, pending, n, ws);
+    uint8_t* signs = out + sizeof(OnebitHeader);
+    const bool vectors = reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(residual) % 16 == 0;
+    encode_kernel<<<blocks_for((n + 7) / 8), kThreads, 0, s>>>(in, residual, pending, n, vectors,
+                                                               signs, signs + (n + 7) / 8, ws);
     PYRING_CUDA_CHECK(cudaGetLastError());
   }
-  // One warp per 32 values; at least one block, to write the header.
-  pack_kernel<<<blocks_for((n + 31) / 32 * 32), kThreads, 0, s>>>(in, residual, n, out, ws);
+  header_kernel<<<1, 1, 0, s>>>(n, ws, out);
   PYRING_CUDA_CHECK(cudaGetLastError());
   PYRING_CUDA_CHECK(cudaMemcpyAsync(header, out, sizeof(OnebitHeader), cudaMemcpyDeviceToHost, s));
   PYRING_CUDA_CHECK(cudaStreamSynchronize(s));
