@@ -25,7 +25,8 @@ def collectives_body(rank, world, store, bound):
 
     dev = torch.device("cuda", 0)
     bad = []
-    with pyring.init(rank, world, store, set_default=False,
+    # A stuck collective raises in 60 s, naming itself, before the ranks' 120 s run out.
+    with pyring.init(rank, world, store, set_default=False, timeout=60,
                      device="cuda:0" if bound else None) as comm:
         if comm._c.device_transport != ("cuda_ipc" if bound else None):
             bad.append(f"device transport {comm._c.device_transport}")
@@ -80,7 +81,7 @@ def collectives_body(rank, world, store, bound):
 @pytest.mark.parametrize("bound", [True, False], ids=["cuda_ipc", "staged"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_on_one_gpu(world, bound):
-    for rank, bad in enumerate(run_ranks(world, collectives_body, bound, timeout=300)):
+    for rank, bad in enumerate(run_ranks(world, collectives_body, bound, timeout=120)):
         assert not bad, f"rank {rank}: {bad}"
 
 
@@ -99,7 +100,7 @@ def cupy_body(rank, world, store):
 
 
 def test_cuda_array_interface_objects():
-    assert run_ranks(2, cupy_body, timeout=300) == [3.0, 3.0]
+    assert run_ranks(2, cupy_body, timeout=120) == [3.0, 3.0]
 
 
 def test_ddp_optimizer_hooks_and_onebit_adam_match_cpu():
@@ -108,8 +109,8 @@ def test_ddp_optimizer_hooks_and_onebit_adam_match_cpu():
     runs agree to 1e-5, the compressed ones to 1e-2, except that a one-bit value within
     rounding of zero may take the other sign on the GPU, so one element in a thousand may
     differ more."""
-    cpu = run_ranks(2, training_body, "cpu", timeout=300)
-    gpu = run_ranks(2, training_body, "cuda", timeout=300)
+    cpu = run_ranks(2, training_body, "cpu", timeout=120)
+    gpu = run_ranks(2, training_body, "cuda", timeout=120)
     for c, g in zip(cpu, gpu):
         assert c.keys() == g.keys()
         c.pop("how"), g.pop("how")
@@ -161,4 +162,4 @@ def wire_body(rank, world, store):
 
 
 def test_wires_encode_on_the_gpu():
-    assert run_ranks(2, wire_body, timeout=300) == [[], []]
+    assert run_ranks(2, wire_body, timeout=120) == [[], []]
