@@ -115,7 +115,7 @@ def test_onebit_matches_the_cpu_kernel(n, offset):
     assert torch.equal(out[16:nbytes].cpu(), cpu_out[16:nbytes])
     assert torch.equal(dres.cpu().view(torch.int16), cpu_res.view(torch.int16))
     assert abs(scale - cpu_pending.item()) <= 1e-5 * scale
-    dec = torch.full((n,), 1.0, device="cuda")
+    dec = torch.full((n + offset,), 1.0, device="cuda")[offset:]
     _C.cuda_onebit_decode(scale, zeros, count, out.data_ptr(), n, 0.5, True, dec.data_ptr())
     want = torch.full((n,), 1.0)
     _C.onebit_decode(cpu_out.data_ptr(), n, 0.5, True, want.data_ptr())

@@ -120,13 +120,35 @@ __global__ void header_kernel(size_t n, const Workspace* ws, uint8_t* out) {
   for (size_t k = 0; k < sizeof(OnebitHeader); ++k) out[k] = b[k];
 }
 
+// Each thread takes groups of 8 values: one byte of signs (and of the mask), and where `out` is
+// 16-byte aligned two 16-byte accesses of out.
 __global__ void decode_kernel(const uint8_t* signs, const uint8_t* mask, size_t n, float pos,
-                              bool accumulate, float* out) {
+                              bool accumulate, bool vectors, float* out) {
+  const size_t groups = (n + 7) / 8, full = vectors ? n / 8 : 0;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const uint32_t s = signs[i / 8], z = mask ? mask[i / 8] : 0u;
-    const float d = onebit_value(s, z, static_cast<int>(i % 8), pos);
-    out[i] = accumulate ? out[i] + d : d;
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += stride) {
+    const uint32_t s = signs[g], z = mask ? mask[g] : 0u;
+    float d[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[k] = onebit_value(s, z, k, pos);
+    if (g < full) {
+      float4* o = reinterpret_cast<float4*>(out) + 2 * g;
+      float4 a = make_float4(d[0], d[1], d[2], d[3]), b = make_float4(d[4], d[5], d[6], d[7]);
+      if (accumulate) {
+        const float4 x = o[0], y = o[1];
+        a = make_float4(x.x + a.x, x.y + a.y, x.z + a.z, x.w + a.w);
+        b = make_float4(y.x + b.x, y.y + b.y, y.z + b.z, y.w + b.w);
+      }
+      o[0] = a;
+      o[1] = b;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const size_t i = 8 * g + k;
+        if (i < n) out[i] = accumulate ? out[i] + d[k] : d[k];
+      }
+    }
   }
 }
 
@@ -166,8 +188,9 @@ void cuda_onebit_decode(const OnebitHeader& header, const uint8_t* encoded, size
   if (n == 0) return;
   const uint8_t* signs = encoded + sizeof(OnebitHeader);
   const uint8_t* mask = header.zeros == kMaskFollows ? signs + (n + 7) / 8 : nullptr;
-  decode_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      signs, mask, n, alpha * header.scale, accumulate, out);
+  const bool vectors = reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  decode_kernel<<<blocks_for((n + 7) / 8), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      signs, mask, n, alpha * header.scale, accumulate, vectors, out);
   PYRING_CUDA_CHECK(cudaGetLastError());
 }
 
