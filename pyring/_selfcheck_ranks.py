@@ -233,6 +233,6 @@ def sanitize_jobs(timeout: float = 120.0) -> int:
             wrong = sum(r["wrong"] for r in ranks)
             out[lib] = f"{wrong} wrong elements" if wrong else "ok"
         except Exception as e:
-            out[lib] = f"{type(e).__name__}: {e}"[-1000:]
+            out[lib] = f"{type(e).__name__}: {e}"[:1500]
     print("sanitize_jobs " + json.dumps(out), flush=True)
     return 0 if all(v == "ok" for v in out.values()) else 1
