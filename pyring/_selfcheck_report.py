@@ -1,10 +1,11 @@
-"""The self-check's report (pyring/selfcheck.py): the machine's description, the targets met
-or not, the PNG and the one-line summaries. Imports no pyring, so that it loads before the
-core is built."""
+"""The self-check's report (pyring/selfcheck.py): the machine's and the devices' description,
+what the tools' output says (pytest, compute-sanitizer), the targets met or not, the PNG and the
+one-line summaries. Imports no pyring at its top, so that it loads before the core is built."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import re
@@ -52,6 +53,33 @@ def machine(p: dict[str, Any], tree: Path) -> dict[str, Any]:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def devices_here() -> dict[str, Any]:
+    """torch's and pyring's view of this process's devices (the self-check's probe, run by a
+    fresh interpreter); an import that fails is recorded, not raised."""
+    out: dict[str, Any] = {}
+    try:
+        import torch
+
+        out |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                "cuda_available": torch.cuda.is_available()}
+        gpus = torch.cuda.device_count() if out["cuda_available"] else 0
+        out["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "capability": list(torch.cuda.get_device_capability(i)),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory
+                                            / 2**30, 1)} for i in range(gpus)]
+    except Exception as e:
+        out["torch_error"] = f"{type(e).__name__}: {e}"
+    try:
+        import pyring
+        from pyring import _C
+
+        out |= {"pyring": pyring.__version__, "pyring_C": _C.__file__,
+                "built_with_cuda": _C.built_with_cuda(), "pyring_gpus": _C.cuda_device_count()}
+    except Exception as e:
+        out["pyring_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def targets(steps: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target with its value and whether it is met (None: not measured)."""
     out = []
@@ -61,6 +89,28 @@ def targets(steps: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"step": step, "target": text, "key": key, "goal": f"{cmp} {goal:g}",
                     "value": value, "met": met})
     return out
+
+
+def pytest_outcomes(text: str, killed: bool) -> dict[str, Any]:
+    """From `pytest -v -rfE` output: its summary counts, the tests that failed or erred, and
+    (killed: the run did not end) the last test it started."""
+    outcomes = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", text, re.M)
+    started = re.findall(r"^(tests/\S+) ", text, re.M)
+    counts = {k: int(v) for v, k in re.findall(
+        r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", text[-800:])}
+    return {"counts": counts, "failed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
+            "unfinished": started[-1] if killed and started else None}
+
+
+def sanitizer_counts(text: str) -> dict[str, Any]:
+    """From compute-sanitizer output over sanitize_jobs: the errors summed over the processes
+    it followed (one summary each; racecheck's names errors and warnings apart), the number of
+    summaries, and sanitize_jobs' own record (None: it printed none)."""
+    found = re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", text) or \
+        re.findall(r"ERROR SUMMARY: (\d+) error", text)
+    jobs = re.findall(r"sanitize_jobs (\{.*\})", text)
+    return {"errors": sum(map(int, found)), "summaries": len(found),
+            "jobs": json.loads(jobs[-1]) if jobs else None}
 
 
 def plot(doc: dict[str, Any], path: Path) -> str:

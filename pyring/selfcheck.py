@@ -34,7 +34,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -95,40 +94,25 @@ def run(cmd: list[str], limit: float, env: dict[str, str] | None = None,
             "wall_s": round(time.perf_counter() - t0, 1), "tail": text[-tail:]}
 
 
+RECORD = "selfcheck-record "  # the line of a fresh interpreter's output that holds its record
+
+
+def fresh(args: list[str], limit: float) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """This file run by a fresh interpreter with `args`: the record it printed (None: none
+    within `limit` seconds), and run's account of the call."""
+    res = run([sys.executable, str(Path(__file__).absolute()), *args], limit)
+    lines = [x for x in res["tail"].splitlines() if x.startswith(RECORD)]
+    try:
+        return (json.loads(lines[-1][len(RECORD):]) if lines else None), res
+    except ValueError:
+        return None, res
+
+
 def probe(limit: float = 120.0) -> dict[str, Any]:
     """torch's and pyring's view of the devices, from a fresh interpreter."""
-    cmd = [sys.executable, str(Path(__file__).absolute()), "--probe"]
-    try:
-        res = subprocess.run(cmd, cwd=tree(), env=child_env(), capture_output=True, text=True,
-                             timeout=limit)
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        return {"probe_error": f"{type(e).__name__}: {e}"}
-
-
-def _probe_here() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    try:
-        import torch
-
-        out |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
-                "cuda_available": torch.cuda.is_available()}
-        gpus = torch.cuda.device_count() if out["cuda_available"] else 0
-        out["gpus"] = [{"name": torch.cuda.get_device_name(i),
-                        "capability": list(torch.cuda.get_device_capability(i)),
-                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory
-                                            / 2**30, 1)} for i in range(gpus)]
-    except Exception as e:
-        out["torch_error"] = f"{type(e).__name__}: {e}"
-    try:
-        import pyring
-        from pyring import _C
-
-        out |= {"pyring": pyring.__version__, "pyring_C": _C.__file__,
-                "built_with_cuda": _C.built_with_cuda(), "pyring_gpus": _C.cuda_device_count()}
-    except Exception as e:
-        out["pyring_error"] = f"{type(e).__name__}: {e}"
-    return out
+    rec, res = fresh(["--probe"], limit)
+    return rec if rec is not None else {"probe_error": f"the probe {res['ended']}: "
+                                        f"{res['tail'][-500:]}"}
 
 
 def no_gpu_reason(p: dict[str, Any], need_pyring: bool = True) -> str | None:
@@ -198,13 +182,9 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
                "--durations=12", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=90"],
               c.left(300), tail=1 << 24)
     log.write_text(res["tail"])
-    outcomes = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED)", res["tail"], re.M)
-    started = re.findall(r"^(tests/\S+) ", res["tail"], re.M)
-    counts = {k: int(v) for v, k in re.findall(
-        r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", res["tail"][-800:])}
-    res |= {"counts": counts, "log": str(log), "tail": res["tail"][-3000:],
-            "failed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
-            "unfinished": started[-1] if res["rc"] is None and started else None}
+    res |= report.pytest_outcomes(res["tail"], killed=res["rc"] is None)
+    res |= {"log": str(log), "tail": res["tail"][-3000:]}
+    counts = res["counts"]
     if res["rc"] != 0 or not counts.get("passed"):
         res["error"] = (f"pytest {res['ended']}: {counts or 'no summary'}; failed: "
                         f"{', '.join(res['failed']) or 'none'}; in {res['unfinished']} at the end")
@@ -213,14 +193,11 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
 
 def in_child(c: Check, name: str, cap: float) -> dict[str, Any]:
     """Step `name`'s measurement run by a fresh interpreter (`--child name`): this process may
-    hold no pyring._C, or one the build has replaced. Its record is the child's last line."""
+    hold no pyring._C, or one the build has replaced."""
     limit = c.left(cap)
-    res = run([sys.executable, str(Path(__file__).absolute()), "--child", name, "--budget",
-               str(limit - 5), "--out", str(c.out)], limit)
-    try:
-        return json.loads(res["tail"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {**res, "error": f"the {name} child {res['ended']} without a record"}
+    rec, res = fresh(["--child", name, "--budget", str(limit - 5), "--out", str(c.out)], limit)
+    return rec if rec is not None else {**res, "error": f"the {name} child {res['ended']} "
+                                        "without a record"}
 
 
 def step_kernels(c: Check) -> dict[str, Any]:
@@ -265,13 +242,8 @@ def step_sanitizer(c: Check) -> dict[str, Any]:
         res = run([exe, "--tool", tool, "--target-processes", "all", "--error-exitcode", "97",
                    sys.executable, "-c", job], c.left(200), tail=1 << 24)
         (c.out / f"sanitizer_{tool}.log").write_text(res["tail"])
-        # One summary per process followed; racecheck's names its errors and warnings apart.
-        found = re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error",
-                           res["tail"]) or re.findall(r"ERROR SUMMARY: (\d+) error", res["tail"])
-        jobs = re.findall(r"sanitize_jobs (\{.*\})", res["tail"])
-        res |= {"errors": sum(map(int, found)), "summaries": len(found),
-                "jobs": json.loads(jobs[-1]) if jobs else None, "tail": res["tail"][-3000:],
-                "log": str(c.out / f"sanitizer_{tool}.log")}
+        res |= report.sanitizer_counts(res["tail"])
+        res |= {"tail": res["tail"][-3000:], "log": str(c.out / f"sanitizer_{tool}.log")}
         out["tools"][tool] = res
     ran = all(t["jobs"] and all(v == "ok" for v in t["jobs"].values()) and t["summaries"]
               for t in out["tools"].values())
@@ -362,7 +334,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.probe:
-        print(json.dumps(_probe_here()))
+        print(RECORD + json.dumps(report.devices_here()))
         return 0
     if args.child:
         try:
@@ -370,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             rec = {"error": f"{type(e).__name__}: {e}"[-3000:],
                    "traceback": traceback.format_exc()}
-        print("\n" + json.dumps(rec, default=str))
+        print("\n" + RECORD + json.dumps(rec, default=str))
         return 0
     if args.tree is not None:
         if not (args.tree / "examples" / "train.py").exists():
