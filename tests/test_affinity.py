@@ -59,3 +59,31 @@ def test_off_and_launcher_bindings_are_left_alone():
     preset = [[cpus[1]], [cpus[0]]]  # a launcher that bound rank 0 to the second CPU
     for rank, (before, after) in enumerate(run_ranks(2, _bound, preset, timeout=60)):
         assert before == after == preset[rank]
+
+
+def _own_threads(rank, world, store):
+    import torch
+
+    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
+    t = torch.ones(8)
+    done = []
+    work = comm.all_reduce(t, async_op=True)
+    work.get_future().then(lambda f: done.append(1)).wait()  # starts a callback thread
+    comm.send(t, dst=1 - rank) if rank == 0 else comm.recv(t, src=0)
+    threads = {}
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            name = f.read().strip()
+        if name.startswith("pyring-"):
+            threads.setdefault(name, []).append(sorted(os.sched_getaffinity(int(task))))
+    mine = sorted(os.sched_getaffinity(0))
+    comm.close()
+    return threads, mine
+
+
+def test_own_threads_are_named_and_share_their_ranks_cpus():
+    """top -H and perf tell pyring's threads from the caller's; each runs on its rank's share."""
+    got = run_ranks(2, _own_threads, timeout=60)
+    for threads, mine in got:
+        assert {"pyring-progress", "pyring-p2p", "pyring-callback"} <= set(threads), threads
+        assert all(cpus == mine for masks in threads.values() for cpus in masks), (threads, mine)

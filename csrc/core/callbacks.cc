@@ -1,5 +1,7 @@
 #include "core/callbacks.h"
 
+#include "core/thread_name.h"
+
 namespace pyring {
 
 CallbackRunner::~CallbackRunner() {
@@ -13,7 +15,10 @@ void CallbackRunner::post(std::function<void()> task) {
       queue_.push_back(std::move(task));
       if (idle_ < static_cast<int>(queue_.size()) &&
           static_cast<int>(threads_.size()) < kMaxThreads) {
-        threads_.emplace_back([this] { loop(); });
+        threads_.emplace_back([this] {
+          name_this_thread(kCallbackThreadName);
+          loop();
+        });
       }
       cv_.notify_one();
       return;

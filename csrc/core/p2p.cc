@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "core/p2p_state.h"
+#include "core/thread_name.h"
 
 namespace pyring {
 
@@ -59,7 +60,10 @@ void P2pEngine::start() {
   for (size_t p = 0; p < peers_.size(); ++p) {
     if (peers_[p].link) post_frame_recv_locked(static_cast<int>(p));
   }
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    name_this_thread(kP2pThreadName);
+    loop();
+  });
 }
 
 uint64_t P2pEngine::bytes_sent() const {

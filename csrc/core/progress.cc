@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/errors.h"
+#include "core/thread_name.h"
 #include "core/types.h"
 
 namespace pyring {
@@ -12,7 +13,11 @@ namespace {
 constexpr auto kIdleSpin = std::chrono::microseconds(30);
 }  // namespace
 
-ProgressEngine::ProgressEngine() : thread_([this] { loop(); }) {}
+ProgressEngine::ProgressEngine()
+    : thread_([this] {
+        name_this_thread(kProgressThreadName);
+        loop();
+      }) {}
 
 ProgressEngine::~ProgressEngine() {
   stop("communicator destroyed");

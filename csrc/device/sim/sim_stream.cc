@@ -4,11 +4,15 @@
 #include <random>
 
 #include "core/errors.h"
+#include "core/thread_name.h"
 
 namespace pyring {
 
 SimStream::SimStream(const std::atomic<int>* delay_us) : delay_us_(delay_us) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread(kSimStreamThreadName);
+    run();
+  });
 }
 
 SimStream::~SimStream() {
