@@ -56,6 +56,8 @@ HOST_CASES = {
                  "--out", "{out}/slowlink.json"],
     "overlap": ["overlap.py", "--rounds", "1", "--dim", "32", "--layers", "1", "--seq", "16",
                 "--batch", "2", "--hooks", "bf16", "--tag", "smoke"],
+    "link_cpu": ["probes/link_cpu.py", "--rounds", "1", "--dim", "32", "--layers", "1", "--seq",
+                 "16", "--tag", "smoke"],
 }
 
 
