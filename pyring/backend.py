@@ -49,6 +49,9 @@ except (ImportError, AttributeError):  # no torch, or a torch built without dist
     dist = None
     _ProcessGroup = object
 
+# The devices whose tensors the group takes, as registered with torch.
+DEVICES = ("cpu", "cuda")
+
 def _one(tensors: Any, what: str) -> Any:
     """The single tensor of a c10d tensor list (a bare tensor is accepted too)."""
     if dist is not None and isinstance(tensors, torch.Tensor):
@@ -109,6 +112,20 @@ class ProcessGroupPyring(_ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # c10d asks a group which devices its backends serve, and for the backend of one: to place
+    # object collectives, FSDP's sharded state dicts, distributed checkpoints, timeouts. A Python
+    # group registers no C++ backend, so it answers for itself: it serves DEVICES, and is its
+    # own backend on each (torch then finds no NCCL or gloo backend to adjust, as for any other).
+    @property
+    def _device_types(self) -> list:
+        return [torch.device(d) for d in DEVICES]
+
+    def _get_backend(self, device: Any) -> ProcessGroupPyring:
+        if torch.device(device).type not in DEVICES:
+            raise RuntimeError(f"pyring backend: no backend for device {device} (it serves "
+                               f"{', '.join(DEVICES)})")
+        return self
 
     # c10d keeps group names on its C++ backends; a Python group keeps its own.
     def getGroupName(self) -> str:
@@ -331,4 +348,4 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyrin
 
 
 if dist is not None and BACKEND_NAME not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=list(DEVICES))

@@ -1,8 +1,9 @@
 """What users of Lightning and Accelerate meet, tried as a new user would: Lightning's DDP
 strategy with process_group_backend="pyring" (ddp and ddp_spawn) gives parameters bitwise
 equal to gloo's; Accelerate on the CPU, with torch.distributed initialised on pyring before
-Accelerator(), gives results bitwise equal to gloo's. Each skips, saying so, where its
-library is not installed (both are in the test extra)."""
+Accelerator(), gives results bitwise equal to gloo's; FSDP (both versions) trains to gloo's
+parameters and its distributed checkpoints load back whole. Lightning and Accelerate skip,
+saying so, where they are not installed (both are in the test extra)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,67 @@ ACCELERATE_JOB = textwrap.dedent("""
 """)
 
 
+FSDP_JOB = textwrap.dedent("""
+    import os, sys, torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict)
+
+    def build(kind, world, seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 5))  # 5 rows: uneven shards
+        if kind == "fsdp2":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (world,))
+            for m in model:
+                if isinstance(m, torch.nn.Linear):
+                    fully_shard(m, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        return FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+
+    def main(backend, out, ckpt):
+        import pyring  # noqa: F401
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        full = StateDictOptions(full_state_dict=True)
+        got = {}
+        for kind in ("fsdp2", "fsdp1"):
+            model = build(kind, world, 0)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+            g = torch.Generator().manual_seed(rank)
+            for _ in range(4):
+                x, y = torch.randn(6, 8, generator=g), torch.randn(6, 5, generator=g)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            trained = get_model_state_dict(model, options=full)
+            # Each rank writes its shards; a model built afresh reads them back.
+            where = os.path.join(ckpt, kind)
+            if kind == "fsdp2":  # in the background, which needs a CPU backend
+                dcp.async_save({"model": get_model_state_dict(model)},
+                               checkpoint_id=where).result()
+            else:
+                dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=where)
+            fresh = build(kind, world, 1)
+            sd = {"model": get_model_state_dict(fresh)}
+            dcp.load(sd, checkpoint_id=where)
+            set_model_state_dict(fresh, sd["model"])
+            restored = get_model_state_dict(fresh, options=full)
+            got[kind] = {"trained": {k: v.clone() for k, v in trained.items()},
+                         "restored": all(torch.equal(trained[k], restored[k]) for k in trained)}
+        if rank == 0:
+            torch.save(got, out)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main(*sys.argv[1:])
+""")
+
+
 def _run(cmd, tmp_path, env=None):
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, **(env or {})})
@@ -130,3 +192,26 @@ def test_accelerate_after_init_on_pyring_matches_gloo(tmp_path):
     assert got["pyring"]["pg_backend"] == "pyring"
     # What Accelerate reports: its own record of the backend, not the process group's.
     assert got["pyring"]["state_backend"] == got["gloo"]["state_backend"]
+
+
+def test_fsdp_and_distributed_checkpoints_on_pyring_match_gloo(tmp_path):
+    """FSDP2 (fully_shard) and FSDP1 on the CPU train to gloo's parameters bit for bit, and
+    their sharded checkpoints (torch.distributed.checkpoint: save, async_save, load) come back
+    whole: FSDP1's sharded state dict and async_save ask the group for its devices."""
+    import torch
+
+    job = tmp_path / "job.py"
+    job.write_text(FSDP_JOB)
+    got = {}
+    for backend in ("pyring", "gloo"):
+        out = tmp_path / f"{backend}.pt"
+        _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+              "--standalone", str(job), backend, str(out), str(tmp_path / f"ckpt-{backend}")],
+             tmp_path)
+        got[backend] = torch.load(out)
+    for kind in ("fsdp2", "fsdp1"):
+        assert got["pyring"][kind]["restored"], kind
+        mine, theirs = got["pyring"][kind]["trained"], got["gloo"][kind]["trained"]
+        assert mine.keys() == theirs.keys()
+        for k in mine:
+            assert torch.equal(mine[k], theirs[k]), (kind, k)
