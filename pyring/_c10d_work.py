@@ -16,6 +16,30 @@ except (ImportError, AttributeError):  # no torch, or a torch built without dist
     _Work = object
 
 
+def eager_under_compile(*torch_private: str) -> Any:
+    """Class decorator: torch.compile runs the class's public methods, and the private ones
+    c10d defines (``torch_private``), as they are. c10d's C++ (DDP's reducer, the functional
+    collectives) calls a Python group and its Works back, also while a compiled region runs;
+    traced, they fail on their own attributes (c10d's objects are opaque there). The helpers
+    these call run under them. A no-op without ``torch.compiler``."""
+    disable = getattr(getattr(globals().get("torch"), "compiler", None), "disable", None)
+
+    def apply(cls: type) -> type:
+        if disable is None:
+            return cls
+        for name, member in list(vars(cls).items()):
+            if name.startswith("_") and name not in torch_private:
+                continue
+            if isinstance(member, property):
+                setattr(cls, name, property(disable(member.fget), member.fset, member.fdel,
+                                            member.__doc__))
+            elif callable(member) and not isinstance(member, (staticmethod, classmethod)):
+                setattr(cls, name, disable(member))
+        return cls
+
+    return apply
+
+
 def _seconds(timeout: Any) -> float | None:
     """Seconds of a c10d timeout; None for "none set" (None, zero or negative)."""
     if isinstance(timeout, datetime.timedelta):
@@ -23,6 +47,7 @@ def _seconds(timeout: Any) -> float | None:
     return float(timeout) if timeout is not None and timeout > 0 else None
 
 
+@eager_under_compile("_source_rank")
 class PyringWork(_Work):
     """c10d's Work over one :class:`pyring.Work` (None: the collective already ran).
 

@@ -35,7 +35,7 @@ from _pyring_autoload import BACKEND_NAME
 
 from . import _settings
 from ._buffers import bytes_of
-from ._c10d_work import PyringWork, _seconds
+from ._c10d_work import PyringWork, _seconds, eager_under_compile
 from .api import init
 from .work import Work
 
@@ -99,6 +99,7 @@ def _group_topology(size: int) -> str | None:
     return "auto"
 
 
+@eager_under_compile("_get_backend", "_device_types", "_allgather_base", "_reduce_scatter_base")
 class ProcessGroupPyring(_ProcessGroup):
     """A torch.distributed ProcessGroup backed by one pyring Communicator (``.comm``)."""
 
