@@ -28,6 +28,7 @@ Contracts:
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -73,17 +74,19 @@ def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
 
 
 _SYNC_P2P = ("send", "recv")
+_DYNAMO_DIR = f"{os.sep}_dynamo{os.sep}"
 
 
 def _called_from_sync_p2p(frame: Any) -> bool:
     """True when ``frame`` (or its caller: torch's send goes through isend) is torch's
-    synchronous ``send`` or ``recv``."""
-    for _ in range(2):
-        if frame is None:
-            return False
+    synchronous ``send`` or ``recv``. torch.compile's wrappers around the group's methods
+    (eager_under_compile) are looked through."""
+    seen = 0
+    while frame is not None and seen < 2:
         code = frame.f_code
         if code.co_name in _SYNC_P2P and code.co_filename.endswith("distributed_c10d.py"):
             return True
+        seen += _DYNAMO_DIR not in code.co_filename
         frame = frame.f_back
     return False
 
