@@ -16,25 +16,31 @@ except (ImportError, AttributeError):  # no torch, or a torch built without dist
     _Work = object
 
 
+_DISABLE = getattr(getattr(globals().get("torch"), "compiler", None), "disable", None)
+
+
+def run_as_is(fn: Any) -> Any:
+    """`fn`, which torch.compile runs as it is (eager_under_compile, for one function)."""
+    return _DISABLE(fn) if _DISABLE is not None else fn
+
+
 def eager_under_compile(*torch_private: str) -> Any:
     """Class decorator: torch.compile runs the class's public methods, and the private ones
     c10d defines (``torch_private``), as they are. c10d's C++ (DDP's reducer, the functional
     collectives) calls a Python group and its Works back, also while a compiled region runs;
     traced, they fail on their own attributes (c10d's objects are opaque there). The helpers
     these call run under them. A no-op without ``torch.compiler``."""
-    disable = getattr(getattr(globals().get("torch"), "compiler", None), "disable", None)
-
     def apply(cls: type) -> type:
-        if disable is None:
+        if _DISABLE is None:
             return cls
         for name, member in list(vars(cls).items()):
             if name.startswith("_") and name not in torch_private:
                 continue
             if isinstance(member, property):
-                setattr(cls, name, property(disable(member.fget), member.fset, member.fdel,
+                setattr(cls, name, property(_DISABLE(member.fget), member.fset, member.fdel,
                                             member.__doc__))
             elif callable(member) and not isinstance(member, (staticmethod, classmethod)):
-                setattr(cls, name, disable(member))
+                setattr(cls, name, _DISABLE(member))
         return cls
 
     return apply

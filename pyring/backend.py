@@ -24,6 +24,8 @@ Contracts:
   tensors) completes on a pyring callback thread once the outputs hold the result. torch's
   synchronous Python calls (``asyncOp`` False) run to completion before returning.
 - Deadline: ``init_process_group(timeout=...)`` when given, else ``PYRING_TIMEOUT`` (300 s).
+- A mixed backend string (``"cpu:pyring,cuda:nccl"``) hands the other devices' tensors to
+  their backends (pyring._c10d_routes).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from _pyring_autoload import BACKEND_NAME
 
 from . import _settings
 from ._buffers import bytes_of
-from ._c10d_work import PyringWork, _seconds, eager_under_compile
+from ._c10d_routes import backends_from_caller, route
+from ._c10d_work import PyringWork, _seconds, eager_under_compile, run_as_is
 from .api import init
 from .work import Work
 
@@ -74,19 +77,20 @@ def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
 
 
 _SYNC_P2P = ("send", "recv")
-_DYNAMO_DIR = f"{os.sep}_dynamo{os.sep}"
+# Frames between torch's send/recv and the group's: torch.compile's wrappers, the routing.
+_PASSED_THROUGH = (f"{os.sep}_dynamo{os.sep}", f"{os.sep}_c10d_routes.py")
 
 
 def _called_from_sync_p2p(frame: Any) -> bool:
     """True when ``frame`` (or its caller: torch's send goes through isend) is torch's
     synchronous ``send`` or ``recv``. torch.compile's wrappers around the group's methods
-    (eager_under_compile) are looked through."""
+    (eager_under_compile) and the routing of mixed backend strings are looked through."""
     seen = 0
     while frame is not None and seen < 2:
         code = frame.f_code
         if code.co_name in _SYNC_P2P and code.co_filename.endswith("distributed_c10d.py"):
             return True
-        seen += _DYNAMO_DIR not in code.co_filename
+        seen += not any(p in code.co_filename for p in _PASSED_THROUGH)
         frame = frame.f_back
     return False
 
@@ -106,6 +110,8 @@ def _group_topology(size: int) -> str | None:
 class ProcessGroupPyring(_ProcessGroup):
     """A torch.distributed ProcessGroup backed by one pyring Communicator (``.comm``)."""
 
+    _routes: dict = {}  # device type -> the c10d Backend a mixed backend string gave it
+
     def __init__(self, store: Any, rank: int, size: int, timeout: Any = None) -> None:
         super().__init__(rank, size)
         self._group_name = self._group_desc = ""
@@ -120,7 +126,8 @@ class ProcessGroupPyring(_ProcessGroup):
     # c10d asks a group which devices its backends serve, and for the backend of one: to place
     # object collectives, FSDP's sharded state dicts, distributed checkpoints, timeouts. A Python
     # group registers no C++ backend, so it answers for itself: it serves DEVICES, and is its
-    # own backend on each (torch then finds no NCCL or gloo backend to adjust, as for any other).
+    # own backend on each, but where a mixed backend string gave a device to another backend
+    # (pyring._c10d_routes), whose timeouts torch then adjusts as usual.
     @property
     def _device_types(self) -> list:
         return [torch.device(d) for d in DEVICES]
@@ -129,7 +136,7 @@ class ProcessGroupPyring(_ProcessGroup):
         if torch.device(device).type not in DEVICES:
             raise RuntimeError(f"pyring backend: no backend for device {device} (it serves "
                                f"{', '.join(DEVICES)})")
-        return self
+        return self._routes.get(torch.device(device).type, self)
 
     # c10d keeps group names on its C++ backends; a Python group keeps its own.
     def getGroupName(self) -> str:
@@ -338,8 +345,11 @@ class ProcessGroupPyring(_ProcessGroup):
         return self._run(lambda a: self.comm.barrier(async_op=a), [], opts)
 
     def shutdown(self) -> None:
-        """Closes the Communicator; queued work fails with pyring.CommError."""
+        """Closes the Communicator (queued work fails with pyring.CommError) and the backends a
+        mixed backend string added."""
         self.comm.close()
+        for other in self._routes.values():
+            other.shutdown()
 
     abort = shutdown
 
@@ -348,7 +358,11 @@ class ProcessGroupPyring(_ProcessGroup):
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyring:
-    return ProcessGroupPyring(store, rank, size, timeout)
+    group = ProcessGroupPyring(store, rank, size, timeout)
+    backends = backends_from_caller(sys._getframe(1))  # torch's group maker
+    group._routes = backends
+    route(group, backends, run_as_is)
+    return group
 
 
 if dist is not None and BACKEND_NAME not in dist.Backend.backend_list:
