@@ -163,3 +163,39 @@ def wire_body(rank, world, store):
 
 def test_wires_encode_on_the_gpu():
     assert run_ranks(2, wire_body, timeout=120) == [[], []]
+
+
+def nccl_beside_pyring_body(rank, world, store):
+    """"cpu:pyring,cuda:nccl" on one rank (NCCL takes one rank per GPU): CUDA tensors go to
+    NCCL, CPU tensors to pyring."""
+    import torch.distributed as dist
+
+    from pyring.backend import ProcessGroupPyring
+
+    reached = []  # the devices of the tensors that reach pyring's own allreduce
+    own = ProcessGroupPyring.allreduce
+
+    def spy(self, tensors, opts=None):
+        reached.append(tensors[0].device.type)
+        return own(self, tensors, opts)
+
+    ProcessGroupPyring.allreduce = spy
+    dist.init_process_group("cpu:pyring,cuda:nccl", store=store, rank=rank, world_size=world)
+    pg = dist.group.WORLD
+    g = torch.full((7,), 2.0, device="cuda:0")
+    dist.all_reduce(g)
+    c = torch.full((7,), 3.0)
+    dist.all_reduce(c)
+    got = {"cuda": type(pg._get_backend(torch.device("cuda"))).__name__,
+           "values": [g.cpu().tolist(), c.tolist()], "reached_pyring": reached}
+    dist.destroy_process_group()
+    return got
+
+
+def test_mixed_string_gives_cuda_tensors_to_nccl():
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("torch without NCCL")
+    got = run_ranks(1, nccl_beside_pyring_body, timeout=120)[0]
+    assert got["cuda"] == "ProcessGroupNCCL", got
+    assert got["values"] == [[2.0] * 7, [3.0] * 7], got
+    assert got["reached_pyring"] == ["cpu"], got
