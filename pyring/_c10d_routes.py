@@ -76,8 +76,14 @@ def _make(name: str, device: str, here: dict, spec: str) -> Any:
         raise ValueError(f"pyring backend: init_process_group({spec!r}) gives {device} tensors "
                          f"to {name!r}; beside pyring a group can hand a device's tensors to "
                          f"{' or '.join(_MADE_HERE)} only")
+    needed = ("prefix_store", "group_rank", "group_size", "timeout")
+    if any(k not in here for k in needed):
+        raise ValueError(f"pyring backend: init_process_group({spec!r}): this torch does not say "
+                         f"how it makes a group's backends, so pyring cannot make {name!r} for "
+                         f"{device}; give pyring the whole group, or make a second group with "
+                         f"new_group(backend={name!r})")
     store = dist.PrefixStore(f"{device}/", here["prefix_store"])
-    rank, size, timeout = here["group_rank"], here["group_size"], here["timeout"]
+    rank, size, timeout = (here[k] for k in needed[1:])
     if name == "gloo":
         backend = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
     else:
@@ -108,10 +114,12 @@ def route(group: Any, backends: dict[str, Any], wrap: Callable[[Any], Any]) -> N
     for name, target in ROUTED.items():
         own = getattr(group, name)  # the class's method, bound
 
-        def call(*args: Any, _own: Any = own, _target: str = target) -> Any:
-            t = _first_tensor(args)
+        def call(*args: Any, _own: Any = own, _target: str = target, **kwargs: Any) -> Any:
+            t = _first_tensor((args, list(kwargs.values())))
             other = backends.get(t.device.type) if t is not None else None
-            return getattr(other, _target)(*args) if other is not None else _own(*args)
+            if other is not None:
+                return getattr(other, _target)(*args, **kwargs)
+            return _own(*args, **kwargs)
 
         call.__name__ = call.__qualname__ = name
         setattr(group, name, wrap(call))
