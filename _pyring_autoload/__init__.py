@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 BACKEND_NAME = "pyring"
+# The devices whose tensors the backend's group takes, as registered with torch.
+DEVICES = ("cpu", "cuda")
 
 
 def _create(*args: Any, **kwargs: Any) -> Any:
@@ -23,6 +25,6 @@ def register() -> None:
         import torch.distributed as dist
 
         if dist.is_available() and BACKEND_NAME not in dist.Backend.backend_list:
-            dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+            dist.Backend.register_backend(BACKEND_NAME, _create, devices=list(DEVICES))
     except Exception:  # an old or partial torch: `import pyring` still registers the backend
         pass

@@ -10,8 +10,9 @@ pyring, ``barrier`` included.
 
 Contracts:
 - ``backends_from_caller(frame)`` reads torch's group maker (``_new_process_group_helper``,
-  the frame that called pyring's creator); a caller without its locals (another torch, a direct
-  ``ProcessGroupPyring(...)``) gives no other backend: pyring serves every device, as before.
+  which called pyring's creator, directly or through the entry point's); without it (another
+  torch, a direct ``ProcessGroupPyring(...)``) no other backend is made: pyring serves every
+  device.
 - ``route(group, backends)`` sets, on that group object only, each c10d method of ROUTED to
   one that sends a call whose first tensor is on a routed device to that device's backend.
   A group with no other backend keeps the class's methods, untouched.
@@ -42,12 +43,19 @@ ROUTED = {
     "scatter": "scatter",
 }
 _MADE_HERE = ("gloo", "nccl")
+_MAKER = "_new_process_group_helper"  # torch's group maker, which calls the creator
+_MAKER_DEPTH = 4
 
 
 def backends_from_caller(frame: Any) -> dict[str, Any]:
     """{device type: c10d Backend} for the devices the group's backend string gives to another
-    backend than pyring (see the module's contracts)."""
-    here = frame.f_locals if frame is not None else {}
+    backend than pyring (see the module's contracts). `frame` is torch's group maker or a frame
+    it called (the entry point's creator stands between them when pyring was not imported)."""
+    for _ in range(_MAKER_DEPTH):
+        if frame is None or frame.f_code.co_name == _MAKER:
+            break
+        frame = frame.f_back
+    here = frame.f_locals if frame is not None and frame.f_code.co_name == _MAKER else {}
     config = here.get("backend_config")
     if config is None or not hasattr(config, "get_device_backend_map"):
         return {}

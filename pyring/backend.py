@@ -34,7 +34,7 @@ import os
 import sys
 from typing import Any
 
-from _pyring_autoload import BACKEND_NAME
+from _pyring_autoload import BACKEND_NAME, DEVICES
 
 from . import _settings
 from ._buffers import bytes_of
@@ -52,9 +52,6 @@ try:
 except (ImportError, AttributeError):  # no torch, or a torch built without distributed
     dist = None
     _ProcessGroup = object
-
-# The devices whose tensors the group takes, as registered with torch.
-DEVICES = ("cpu", "cuda")
 
 def _one(tensors: Any, what: str) -> Any:
     """The single tensor of a c10d tensor list (a bare tensor is accepted too)."""
