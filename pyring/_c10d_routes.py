@@ -13,7 +13,7 @@ Contracts:
   which called pyring's creator, directly or through the entry point's); without it (another
   torch, a direct ``ProcessGroupPyring(...)``) no other backend is made: pyring serves every
   device.
-- ``route(group, backends)`` sets, on that group object only, each c10d method of ROUTED to
+- ``route(group, backends, wrap)`` sets, on that group object only, each c10d method of ROUTED to
   one that sends a call whose first tensor is on a routed device to that device's backend.
   A group with no other backend keeps the class's methods, untouched.
 """
@@ -115,10 +115,11 @@ def _first_tensor(obj: Any) -> Any:
 
 
 def route(group: Any, backends: dict[str, Any], wrap: Callable[[Any], Any]) -> None:
-    """Gives `group` (a ProcessGroupPyring) per-object methods that route by device; `wrap` is
-    applied to each (torch.compile's "run as it is")."""
+    """Gives `group` (a ProcessGroupPyring) its `_routes` and per-object methods that route by
+    device; `wrap` is applied to each (torch.compile's "run as it is")."""
     if not backends:
         return
+    group._routes = backends
     for name, target in ROUTED.items():
         own = getattr(group, name)  # the class's method, bound
 

@@ -130,10 +130,11 @@ class ProcessGroupPyring(_ProcessGroup):
         return [torch.device(d) for d in DEVICES]
 
     def _get_backend(self, device: Any) -> ProcessGroupPyring:
-        if torch.device(device).type not in DEVICES:
+        kind = torch.device(device).type
+        if kind not in DEVICES:
             raise RuntimeError(f"pyring backend: no backend for device {device} (it serves "
                                f"{', '.join(DEVICES)})")
-        return self._routes.get(torch.device(device).type, self)
+        return self._routes.get(kind, self)
 
     # c10d keeps group names on its C++ backends; a Python group keeps its own.
     def getGroupName(self) -> str:
@@ -356,9 +357,7 @@ class ProcessGroupPyring(_ProcessGroup):
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupPyring:
     group = ProcessGroupPyring(store, rank, size, timeout)
-    backends = backends_from_caller(sys._getframe(1))  # torch's group maker
-    group._routes = backends
-    route(group, backends, run_as_is)
+    route(group, backends_from_caller(sys._getframe(1)), run_as_is)  # torch's group maker
     return group
 
 
