@@ -108,9 +108,12 @@ _DEFAULT_SEGMENT = int(_C.DEFAULT_SEGMENT_BYTES)
 # local rank has a core of its own (a sleep and wake-up costs tens of microseconds), short
 # when ranks share cores (a polling rank would take the core from the rank it waits for).
 SPIN_US_OWN_CORE, SPIN_US_SHARED_CORES = 1000, 20
-# The device links' slot (cuda_ipc) unless segment_bytes is given: a device copy or kernel
-# costs microseconds to launch and signal, so its unit is larger than a host link's.
-DEFAULT_DEVICE_SEGMENT_BYTES = 2 << 20
+# The device links' slot (cuda_ipc) unless segment_bytes is given. Each slot costs a copy, a
+# kernel and two hand-offs between the ranks' progress threads, and ranks sharing a GPU take
+# turns on it: a 64 MiB all_reduce of 2 ranks on one H200 took 1.96 ms with 2 MiB slots and
+# 0.88 ms with 16 MiB (4 ranks: 6.36 and 2.49 ms; bench/results/ipc_slots_h200.json). A rank
+# holds 8 slots per local rank in device memory (256 MiB at 2 ranks per host).
+DEFAULT_DEVICE_SEGMENT_BYTES = 16 << 20
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("PYRING_TIMEOUT", "seconds", float(_C.DEFAULT_TIMEOUT_S),

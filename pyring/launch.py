@@ -13,7 +13,9 @@ from a server that has imported ``preload`` (torch and pyring unless given): a r
 in milliseconds instead of importing torch itself, which is quicker where many jobs start in
 turn or ranks outnumber cores. Either way a rank sees the launcher's environment as it is when
 the job starts, plus ``env``.
-A rank dies with the process that started it. By default the store is a TCPStore hosted here;
+A rank still running at ``timeout`` writes every Python thread's stack to its stderr
+(faulthandler, on STACK_SIGNAL) before it is killed. A rank dies with the process that started
+it. By default the store is a TCPStore hosted here;
 ``store=(host, port, prefix)`` joins an existing one (torchrun's) under a key prefix instead,
 and ``ranks`` starts only some of the world's ranks here.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import multiprocessing.reduction as mp_reduction
@@ -40,6 +43,10 @@ from . import _settings
 _PR_SET_PDEATHSIG = 1
 START_METHODS = _settings.START_METHODS
 DEFAULT_PRELOAD = ("torch", "pyring")
+# A rank still running at its job's timeout is sent STACK_SIGNAL, on which faulthandler writes
+# its threads' stacks, and is killed STACK_WAIT_S later.
+STACK_SIGNAL = signal.SIGUSR1
+STACK_WAIT_S = 1.0
 
 
 def _die_with_parent(parent: int, direct: bool) -> None:
@@ -114,6 +121,7 @@ def _child(
     hard_exit: bool,
 ) -> None:
     _die_with_parent(*parent)
+    faulthandler.register(STACK_SIGNAL, all_threads=True)
     os.environ.update(env)
     try:
         host, port, prefix, joined = where
@@ -263,6 +271,7 @@ class Ranks:
             for p in self._procs.values():
                 p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
             hung = set(self.alive())
+            self._dump_stacks(hung - set(got) - set(failures))
             self.close()
         if allow_failures:
             out = {r: got.get(r) for r in self.ranks}
@@ -272,11 +281,25 @@ class Ranks:
         for r in self.ranks:
             if r not in got and r not in failures:
                 failures[r] = (
-                    ("Hang", f"no result within {timeout:g} s, killed", "") if r in hung else
+                    ("Hang", f"no result within {timeout:g} s, killed (its threads' stacks "
+                     "are on its stderr)", "") if r in hung else
                     ("Exit", f"ended without a result (exit code {self.exitcodes[r]})", ""))
         if failures:
             raise RankFailure(dict(sorted(failures.items())))
         return [got[r] for r in self.ranks]
+
+    def _dump_stacks(self, ranks: set[int]) -> None:
+        """Has each of `ranks` write its threads' stacks to its stderr, and gives them
+        STACK_WAIT_S to do it."""
+        for r in ranks:
+            p = self._procs[r]
+            if p.pid is not None and p.is_alive():
+                try:
+                    os.kill(p.pid, STACK_SIGNAL)
+                except ProcessLookupError:
+                    pass
+        if ranks:
+            time.sleep(STACK_WAIT_S)
 
     def close(self) -> None:
         """Kills every process still running and waits for it: none outlives this call. Sets

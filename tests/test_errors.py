@@ -197,14 +197,18 @@ def _exits_or_hangs(rank, world, store):
     time.sleep(600)
 
 
-def test_launcher_names_a_rank_that_exited_and_one_that_hung():
+def test_launcher_names_a_rank_that_exited_and_one_that_hung(capfd):
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_ranks(2, _exits_or_hangs, timeout=3)
     assert time.monotonic() - start < 15
     failures = info.value.failures
     assert failures[0][:2] == ("Exit", "ended without a result (exit code 7)"), failures
-    assert failures[1][:2] == ("Hang", "no result within 3 s, killed"), failures
+    assert failures[1][:2] == ("Hang", "no result within 3 s, killed (its threads' stacks are "
+                               "on its stderr)"), failures
+    # The hung rank wrote where it stood before it was killed.
+    err = capfd.readouterr().err
+    assert "(most recent call first)" in err and " in _exits_or_hangs" in err, err
 
 
 # What a rank process saw as it imported this module (a forked rank imports it after taking

@@ -123,6 +123,20 @@ def test_ddp_optimizer_hooks_and_onebit_adam_match_cpu():
                 assert far <= allowed, (name, far, a.size, float(abs(a - b).max()))
 
 
+def wire_crossing_limit(wire: str, n: int, tail: int, first: bool) -> int:
+    """The most bytes a 2-rank all_reduce_wire of n float32 values on the GPU may move between
+    device and host: its encoded bytes, each way (fp16 and bf16: 2 per value; one-bit: a sign
+    bit and, in a chunk that holds an exact zero, a mask bit per value, with 16-byte headers),
+    the exact tail at full width each way, and on a bucket's first call the one-bit state's
+    residuals (bfloat16, n worker values and a chunk of server values) moved to the device
+    once. A float32 crossing would be 8 n."""
+    tail_bytes = 2 * 4 * tail
+    if wire != "onebit":
+        return 2 * 2 * (n - tail) + tail_bytes
+    residuals = 2 * (n + (n + 1) // 2) if first else 0
+    return 2 * (n // 4 + 16 * 16) + tail_bytes + residuals
+
+
 def wire_body(rank, world, store):
     """The compressed wires on CUDA tensors: the codec runs on the GPU (onebit.cu, the casts),
     only encoded bytes cross to the host, and the results are the host's."""
@@ -155,7 +169,7 @@ def wire_body(rank, world, store):
                     bad.append(f"onebit step {step}: {far} values differ")
                 if not torch.equal(gpu[-5:].cpu(), host[-5:]):
                     bad.append(f"{wire} step {step}: exact tail {gpu[-5:].tolist()}")
-                limit = x.numel() * 4 // (12 if wire == "onebit" else 1)
+                limit = wire_crossing_limit(wire, x.numel(), tail=5, first=step == 0)
                 if crossed > limit:
                     bad.append(f"{wire}: {crossed} bytes crossed to the host (limit {limit})")
     return bad

@@ -53,6 +53,64 @@ def test_stream_order_with_delays():
         assert not bad, f"rank {rank}: {len(bad)} of {2 * ITERS} wrong:\n" + "\n".join(bad[:10])
 
 
+def one_rank_body(rank, world, store):
+    """A one-rank all_reduce of device buffers stays on the device, in stream order: in place
+    it changes nothing, out of place it is a copy, and no byte crosses to the host."""
+    import pyring
+    from pyring.testing import sim
+
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        s = sim.SimStream(0)
+        with sim.stream(s):
+            x = sim.SimArray(4099, torch.float32, 0)
+            y = sim.SimArray(4099, torch.float32, 0)
+            for i in range(ITERS):
+                x.fill_(float(i))
+                y.fill_(-1.0)
+                comm.all_reduce(x, op="avg" if i % 2 else "sum")
+                w = comm.all_reduce(x, out=y, async_op=bool(i % 3))
+                if w is not None:
+                    w.wait()
+                x.fill_(-2.0)  # after: must not reach y
+                got = y.to_host()
+                if not bool((got == float(i)).all()):
+                    bad.append(f"#{i}: {got[:3].tolist()} want {float(i)}")
+        s.synchronize()
+        s.close()
+        crossed = comm.stats()["device_host_bytes"]
+    return bad, crossed
+
+
+def test_one_rank_stays_on_the_device():
+    (bad, crossed), = run_ranks(1, one_rank_body, env={"PYRING_SIM_DELAY_US": "300"},
+                                timeout=120)
+    assert not bad, "\n".join(bad[:10])
+    assert crossed == 0, f"{crossed} bytes crossed to the host"
+
+
+def growth_body(rank, world, store):
+    """Staged collectives of growing sizes, each awaited on the stream (work.wait()) before
+    it runs: the staging memory it outgrows must not be freed while that stream waits for the
+    collective (freeing synchronizes the device: a deadlock on a GPU, an abort on the sim)."""
+    import pyring
+    from pyring.testing import sim
+
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        for k in range(6):
+            x = sim.SimArray(1000 * 4**k + k, torch.float32, 0).fill_(float(rank + k))
+            comm.all_reduce(x, async_op=True).wait()
+            got = x.to_host()
+            if not bool((got == float(2 * k + 1)).all()):
+                bad.append(f"size #{k}: {got[:3].tolist()}")
+    return bad
+
+
+def test_outgrown_staging_is_not_freed_under_a_waiting_stream():
+    assert run_ranks(2, growth_body, env={"PYRING_SIM_DELAY_US": "200"}, timeout=120) == [[], []]
+
+
 def nonblocking_body(rank, world, store):
     import pyring
     from pyring.testing import sim

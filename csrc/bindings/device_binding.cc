@@ -28,7 +28,7 @@ void register_sim(py::module_& m) {
   m.def("sim_alloc", [](int index, size_t bytes) {
     return reinterpret_cast<uintptr_t>(sim_runtime().alloc(index, bytes));
   });
-  m.def("sim_free", [](int index, uintptr_t p) { sim_runtime().free(index, ptr(p)); });
+  m.def("sim_free", [](int index, uintptr_t p) { sim_runtime().release(index, ptr(p)); });
   m.def("sim_allocated_bytes", [] { return sim_runtime().allocated_bytes(); });
   m.def("sim_create_stream", [](int index) { return sim_runtime().create_stream(index); });
   m.def("sim_destroy_stream", [](int index, StreamId s) {

@@ -23,6 +23,7 @@ void note_resident(Communicator& comm, const char* name, const BufferView& in, s
 
 void resident_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
                         ReduceOp op, Deadline deadline) {
+  if (comm.size() == 1) return ring_allreduce(comm, in, out, op, deadline);
   check_links_carry(comm, in, out, "all_reduce");
   note_resident(comm, "all_reduce", in, in.bytes());
   ring_allreduce(comm, in, out, op, deadline);

@@ -54,13 +54,12 @@ WireState::~WireState() {
 
 void WireState::drop_device() noexcept {
   if (!queue_) return;
-  DeviceRuntime& rt = device_runtime(queue_->device().kind);
-  const int index = queue_->device().index;
+  // The queue frees it once nothing can use it (DeviceQueue::retire): this may be the thread
+  // running collectives, which must not free device memory.
   try {
-    rt.synchronize(index, queue_->stream());  // its kernels may still use the memory
-  } catch (const std::exception&) {           // a broken stream runs nothing more
+    queue_->retire(device_, false);
+  } catch (const std::exception&) {  // no memory to note it in: kept rather than risk a deadlock
   }
-  rt.free(index, device_);
   device_ = nullptr;
   queue_.reset();
 }

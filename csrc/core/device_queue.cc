@@ -1,5 +1,7 @@
 #include "core/device_queue.h"
 
+#include <algorithm>
+
 #include "core/errors.h"
 
 namespace pyring {
@@ -7,8 +9,10 @@ namespace pyring {
 DeviceQueue::DeviceQueue(Device device)
     : device_(device),
       rt_(device_runtime(device.kind)),
-      pinned_arena_(ScratchArena::Kind::kPinned, &rt_, device.index),
-      device_arena_(ScratchArena::Kind::kDevice, &rt_, device.index) {
+      pinned_arena_(ScratchArena::Kind::kPinned, &rt_, device.index,
+                    [this](uint8_t* p) { retire(p, true); }),
+      device_arena_(ScratchArena::Kind::kDevice, &rt_, device.index,
+                    [this](uint8_t* p) { retire(p, false); }) {
   PYRING_CHECK_ARG(!device.is_cpu(), "a device queue needs a device, not the host");
   flags_ = static_cast<Flag*>(rt_.alloc_host(device_.index, (2 * kSlots + 1) * sizeof(Flag)));
   for (size_t i = 0; i < 2 * kSlots + 1; ++i) new (&flags_[i]) Flag(0);
@@ -29,12 +33,14 @@ DeviceQueue::~DeviceQueue() {
   } catch (const std::exception&) {  // the device failed: free what can be freed
   }
   rt_.destroy_stream(device_.index, stream_);
+  free_retired(true);
   if (staging_) rt_.free_host(device_.index, staging_);
   if (scratch_) rt_.free(device_.index, scratch_);
   rt_.free_host(device_.index, flags_);
 }
 
 uint64_t DeviceQueue::enter(StreamId stream, Deadline deadline) {
+  free_retired(false);
   const uint64_t ticket = next_ticket_.fetch_add(1) + 1;
   if (ticket > kSlots) {
     wait_done(ticket - kSlots, deadline);  // its slots are about to be reused
@@ -45,10 +51,11 @@ uint64_t DeviceQueue::enter(StreamId stream, Deadline deadline) {
 
 uint8_t* DeviceQueue::grow(uint8_t*& p, size_t& capacity, size_t bytes, bool host) {
   if (bytes <= capacity) return p;
-  // Earlier collectives' copies and kernels may still use the old memory.
-  rt_.synchronize(device_.index, stream_);
-  if (p) host ? rt_.free_host(device_.index, p) : rt_.free(device_.index, p);
+  // Earlier collectives' copies and kernels may still use the old memory: it is retired, and
+  // the new size at least doubles, so that what waits to be freed stays below what is held.
+  if (p) retire(p, host);
   p = nullptr;
+  bytes = std::max(bytes, 2 * capacity);
   capacity = 0;
   p = static_cast<uint8_t*>(host ? rt_.alloc_host(device_.index, bytes)
                                  : rt_.alloc(device_.index, bytes));
@@ -149,6 +156,26 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
       }
     }
   });
+}
+
+void DeviceQueue::retire(void* p, bool host) {
+  std::lock_guard<std::mutex> lock(retired_mu_);
+  retired_.push_back(Retired{p, host});
+}
+
+void DeviceQueue::free_retired(bool all) noexcept {
+  std::vector<Retired> now;
+  {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    if (retired_.empty()) return;
+    // Tickets finish in order: the newest entered ticket done means every earlier one is.
+    const uint64_t last = next_ticket_.load();
+    if (!all && last > 0 && !done(last)) return;
+    now.swap(retired_);
+  }
+  for (const Retired& r : now) {
+    r.host ? rt_.free_host(device_.index, r.p) : rt_.free(device_.index, r.p);
+  }
 }
 
 void DeviceQueue::release(uint64_t ticket) noexcept {

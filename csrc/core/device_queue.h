@@ -12,6 +12,13 @@
 //   sees the result, and the host is not blocked.
 // A ticket whose collective fails or times out still has its done flag raised (after pyring's
 // stream drains), so that no stream waits forever; its outputs are then unspecified.
+//
+// Memory is never freed by the thread running the collectives: freeing device or pinned
+// memory synchronizes the device (cudaFree, cudaFreeHost), and a caller's stream may be
+// waiting for a done flag that only that thread's next steps raise, a deadlock. Memory that
+// staging or scratch outgrew, or that a caller hands over (retire), is freed by enter() on the
+// caller's thread once every earlier ticket is done (no stream then waits for a flag of this
+// queue), or by the destructor.
 #pragma once
 
 #include <atomic>
@@ -83,6 +90,9 @@ class DeviceQueue {
   // ScratchArena); the collective resets both once pyring's stream has drained.
   ScratchArena& pinned_arena() { return pinned_arena_; }
   ScratchArena& device_arena() { return device_arena_; }
+  // Memory of this queue's device (host: pinned, from alloc_host) that nothing will use once
+  // the tickets entered so far are done; freed as the header says. Any thread.
+  void retire(void* p, bool host);
   // Caller's thread: queues on `stream` a wait for the ticket's done flag.
   void order_after(StreamId stream, uint64_t ticket);
   // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
@@ -108,6 +118,13 @@ class DeviceQueue {
   uint8_t* grow(uint8_t*& p, size_t& capacity, size_t bytes, bool host);
   // Queues the raise of copied_ to the next value on the stream and returns that value.
   uint64_t mark_copied();
+  struct Retired {
+    void* p;
+    bool host;
+  };
+  // Frees the retired memory whose tickets are done (all: every ticket is, or must be treated
+  // as, finished).
+  void free_retired(bool all) noexcept;
 
   Device device_;
   DeviceRuntime& rt_;
@@ -122,6 +139,8 @@ class DeviceQueue {
   size_t staging_bytes_ = 0;
   uint8_t* scratch_ = nullptr;  // device memory; touched only by the running collective
   size_t scratch_bytes_ = 0;
+  std::mutex retired_mu_;
+  std::vector<Retired> retired_;  // guarded by retired_mu_
   ScratchArena pinned_arena_;
   ScratchArena device_arena_;
   uint64_t copy_seq_ = 0;  // copied_'s last queued value; touched only by the running collective

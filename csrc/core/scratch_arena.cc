@@ -1,6 +1,7 @@
 #include "core/scratch_arena.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/host_memory.h"
@@ -8,8 +9,9 @@
 
 namespace pyring {
 
-ScratchArena::ScratchArena(Kind kind, DeviceRuntime* rt, int index)
-    : kind_(kind), rt_(rt), index_(index) {
+ScratchArena::ScratchArena(Kind kind, DeviceRuntime* rt, int index,
+                           std::function<void(uint8_t*)> retire)
+    : kind_(kind), rt_(rt), index_(index), retire_(std::move(retire)) {
   PYRING_CHECK_ARG(kind == Kind::kHost || rt != nullptr, "a device scratch arena needs a runtime");
 }
 
@@ -64,7 +66,7 @@ void ScratchArena::reset() {
   if (blocks_.size() > 1) {
     size_t total = 0;
     for (const Block& b : blocks_) total += b.bytes;
-    for (const Block& b : blocks_) release(b.p, b.bytes);
+    for (const Block& b : blocks_) retire_ ? retire_(b.p) : release(b.p, b.bytes);
     blocks_.clear();
     blocks_.push_back(Block{allocate(total), total});
   }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/types.h"
@@ -27,8 +28,11 @@ inline size_t scratch_aligned(size_t n) {
 class ScratchArena {
  public:
   enum class Kind { kHost, kPinned, kDevice };
-  // kHost needs no runtime (rt null, index ignored).
-  ScratchArena(Kind kind, DeviceRuntime* rt, int index);
+  // kHost needs no runtime (rt null, index ignored). `retire`, when given, takes the blocks
+  // reset() replaces instead of freeing them (DeviceQueue::retire: never free device memory on
+  // the thread running collectives); the destructor frees the rest itself.
+  ScratchArena(Kind kind, DeviceRuntime* rt, int index,
+               std::function<void(uint8_t*)> retire = nullptr);
   // The caller makes sure no queued copy or kernel still uses the memory.
   ~ScratchArena();
   ScratchArena(const ScratchArena&) = delete;
@@ -53,6 +57,7 @@ class ScratchArena {
   Kind kind_;
   DeviceRuntime* rt_;
   int index_;
+  std::function<void(uint8_t*)> retire_;
   std::vector<Block> blocks_;  // blocks_[0] is the merged block of earlier calls
   size_t used_ = 0;            // in the last block
 };

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/errors.h"
 #include "device/sim/sim_arena.h"
@@ -53,7 +55,11 @@ class Sim final : public SimRuntime {
     check(index);
     return arena_.alloc(bytes, where(index).c_str());
   }
-  void free(int, void* p) noexcept override { arena_.free(p); }
+  void free(int index, void* p) noexcept override {
+    wait_device(index, "free");
+    arena_.free(p);
+  }
+  void release(int, void* p) noexcept override { arena_.free(p); }
 
   void* alloc_host(int index, size_t bytes) override {
     check(index);
@@ -61,7 +67,10 @@ class Sim final : public SimRuntime {
     PYRING_CHECK(p != nullptr, CudaError, "sim alloc_host of ", bytes, " bytes failed");
     return p;
   }
-  void free_host(int, void* p) noexcept override { std::free(p); }
+  void free_host(int index, void* p) noexcept override {
+    wait_device(index, "free_host");
+    std::free(p);
+  }
 
   StreamId create_stream(int index) override {
     check(index);
@@ -195,6 +204,25 @@ class Sim final : public SimRuntime {
     }
   }
   std::string where(int index) const { return str_cat("sim:", index); }
+  // What cudaFree does first: waits for every stream of the device (see the header).
+  void wait_device(int index, const char* what) noexcept {
+    std::vector<std::shared_ptr<SimStream>> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [key, st] : streams_) {
+        if (key.first == index) all.push_back(st);
+      }
+    }
+    for (const auto& st : all) {
+      if (st->drain_for(std::chrono::seconds(kSimFreeWaitS))) continue;
+      std::fprintf(stderr,
+                   "pyring sim: %s on sim:%d waited %d s for a stream of the device, which is "
+                   "still busy: on a GPU this %s would wait for it forever (cudaFree and "
+                   "cudaFreeHost synchronize the device)\n",
+                   what, index, kSimFreeWaitS, what);
+      std::abort();
+    }
+  }
   void check(int index) const {
     PYRING_CHECK_ARG(index >= 0 && index < devices_, "sim device index ", index, " out of range (",
                      devices_, " sim device(s))");

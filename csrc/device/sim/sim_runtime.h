@@ -4,6 +4,11 @@
 //   pid, file descriptor and the offset) maps it in another process of this host.
 // - Streams: one worker thread per stream runs its queue in order. PYRING_SIM_DELAY_US=D sleeps
 //   a random 0..D microseconds before every operation, so that a missing wait shows.
+// - Freeing: free() and free_host() first wait for every stream of the device, as cudaFree and
+//   cudaFreeHost synchronize the device; one that is still busy after kSimFreeWaitS (a stream
+//   waiting on work that only the freeing thread would queue: a deadlock on a GPU) aborts the
+//   process with a message saying so. release() frees without waiting, stream-ordered frees of
+//   a caching allocator's kind (pyring.testing.sim_torch).
 // - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
 // - Kernels: the host kernels, run on the stream's thread.
 // - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse
@@ -17,6 +22,7 @@
 namespace pyring {
 
 constexpr int kSimDefaultDevices = 4;
+constexpr int kSimFreeWaitS = 30;
 
 class SimRuntime : public DeviceRuntime {
  public:
@@ -24,6 +30,8 @@ class SimRuntime : public DeviceRuntime {
   virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
   // The delay bound in microseconds now in force; tests change it between phases.
   virtual void set_delay_us(int us) = 0;
+  // Frees device memory from alloc() without waiting for the device's streams.
+  virtual void release(int index, void* p) noexcept = 0;
   // Bytes of device memory allocated and not freed, over every device.
   virtual size_t allocated_bytes() = 0;
 };

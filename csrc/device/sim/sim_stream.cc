@@ -40,6 +40,12 @@ void SimStream::synchronize() {
   PYRING_CHECK(error_.empty(), CudaError, "sim stream: ", error_);
 }
 
+bool SimStream::drain_for(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = queued_;
+  return cv_.wait_for(lock, limit, [&] { return done_ >= target; });
+}
+
 void SimStream::run() {
   std::minstd_rand rng(std::random_device{}());
   std::unique_lock<std::mutex> lock(mu_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -26,6 +27,9 @@ class SimStream {
   // Blocks until every operation queued before the call has run. Throws CudaError with the
   // first error an operation of this stream threw (the stream's error is sticky, as CUDA's).
   void synchronize();
+  // Waits up to `limit` for every operation queued before the call to run; false when some
+  // has not. Ignores the stream's error.
+  bool drain_for(std::chrono::milliseconds limit);
   // True once the stream is being destroyed: a wait inside an operation should give up.
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
 
