@@ -14,6 +14,8 @@ MIB = 1 << 20
 KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
 # (world, library) in the order they run; "copies": a pinned D2H then H2D of the buffer.
 # "pyring" binds each rank to cuda:0 at init (cuda_ipc, the ring on the device);
+# "pyring-hostwait" too, but waits for each call on the host (work.synchronize()) instead of
+# making the caller's stream wait for it;
 # "pyring-staged" binds at the first call (staged through pinned host memory).
 # "pyring-bf16" and "pyring-onebit": the compressed wires, their codec on the GPU (not bound:
 # encoded bytes cross through pinned host memory).
@@ -21,6 +23,7 @@ ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, 
                   (2, "pyring-bf16"), (2, "pyring-onebit"), (2, "gloo"), (4, "pyring"),
                   (4, "pyring-staged"), (4, "gloo"))
 WIRE_JOBS = {"pyring-bf16": "bf16", "pyring-onebit": "onebit"}
+BOUND_JOBS = ("pyring", "pyring-hostwait")
 
 
 def launch(world: int, fn: Callable, *args: Any, timeout: float) -> list[Any]:
@@ -135,9 +138,11 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         import pyring
 
         comm = pyring.init(rank, world, store, timeout=timeout,
-                           device="cuda:0" if lib == "pyring" else None)
+                           device="cuda:0" if lib in BOUND_JOBS else None)
         transport = comm._c.device_transport
         call: Callable[[], Any] = lambda: comm.all_reduce(t)  # noqa: E731
+        if lib == "pyring-hostwait":
+            call = lambda: comm.all_reduce(t, async_op=True).synchronize()  # noqa: E731
         if lib in WIRE_JOBS:
             from pyring.compression import all_reduce_wire
 

@@ -320,7 +320,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="selfcheck", help="folder of selfcheck.json and .png")
     p.add_argument("--quick", action="store_true", help="small CPU parts (about a minute)")
     p.add_argument("--no-build", action="store_true", help="use the pyring already importable")
-    p.add_argument("--budget", type=float, default=720.0,
+    p.add_argument("--budget", type=float, default=540.0,
                    help="seconds for the whole run: a step past it fails as not run")
     p.add_argument("--tree", type=Path, help="the source tree with examples/ and bench/ "
                    "(default: pyring's parent when it holds one, else the working dir)")

@@ -5,7 +5,9 @@ documented commands work after the documented install (no PYTHONPATH into the so
 Covered elsewhere: training.py (tests/test_training_harness.py), soak.py (tests/test_soak.py)
 and leaks.py (tests/test_leaks.py). The test extra carries the benchmarks' own needs
 (scikit-learn for the digits task, matplotlib for the plots). Not run here: callpath.py,
-which builds each git ref and runs a rank under callgrind (minutes, not seconds).
+which builds each git ref and runs a rank under callgrind (minutes, not seconds); the GPU
+probe (probes/ipc_slots.py), which runs in the self-check's GPU lease and here only shows that
+it refuses without a GPU.
 """
 
 from __future__ import annotations
@@ -118,6 +120,18 @@ def test_benchmark_runs_on_emulated_hosts(name, bench_copy, tmp_path):
             busy = json.loads(p.read_text())["sizes"][0]["cores_busy"]["pyring"]
             assert busy < 0.5, f"pyring kept {busy} of a core busy on a 300 Mbit link"
         p.unlink()
+
+
+def test_gpu_probe_says_it_needs_a_gpu(bench_copy, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe runs in the self-check's lease instead")
+    proc = subprocess.run([sys.executable, str(bench_copy / "probes/ipc_slots.py"), "--out",
+                           str(tmp_path / "slots.json")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "slots.json").exists()
 
 
 def test_the_harness_says_what_it_skips(bench_copy, tmp_path):

@@ -5,9 +5,12 @@ buffer and pyring's one-rank call, all in one run.
 
 Each slot is one device copy into the peer's inbox, one kernel, and two hand-offs between the
 ranks' progress threads (published, released); ranks of one GPU without MPS also take turns on
-it. Fewer, larger slots mean fewer of both.
+it. Fewer, larger slots mean fewer of both. ``--libs pyring,pyring-hostwait`` also times each
+call waited for on the host instead of on the caller's stream: whether a stream left waiting
+for the collective slows the other ranks' work on the shared GPU.
 
-    python bench/probes/ipc_slots.py [--slots 2M,8M,32M] [--worlds 2,4] [--out PATH]
+    python bench/probes/ipc_slots.py [--slots 2M,8M,32M] [--worlds 2,4] [--libs pyring]
+                                     [--out PATH]
 
 Times are the median over 20 calls of the slowest rank's, each call followed by
 torch.cuda.synchronize() (pyring/_selfcheck_ranks.py's allreduce_rank); "wrong" counts
@@ -25,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).absolute().parents[2]))
 
-from pyring._selfcheck_ranks import ALLREDUCE_BYTES, allreduce_rank  # noqa: E402
+from pyring._selfcheck_ranks import ALLREDUCE_BYTES, BOUND_JOBS, allreduce_rank  # noqa: E402
 from pyring._selfcheck_report import devices_here, machine  # noqa: E402
 from pyring._settings import parse_bytes  # noqa: E402
 from pyring.launch import run_ranks  # noqa: E402
@@ -52,17 +55,26 @@ def main() -> int:
     p.add_argument("--slots", default="2M,8M,32M",
                    help="cuda_ipc slot sizes (PYRING_SEGMENT_BYTES)")
     p.add_argument("--worlds", default="2,4", help="ranks on GPU 0")
+    p.add_argument("--libs", default="pyring", help=f"of {', '.join(BOUND_JOBS)}")
     p.add_argument("--limit", type=float, default=60.0, help="seconds per job")
     p.add_argument("--out", default="bench/results/ipc_slots.json")
     a = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        p.exit(2, "ipc_slots.py: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     runs: dict[str, Any] = {"copies x1": timed(1, "copies", {}, a.limit),
                             "pyring x1": timed(1, "pyring", {}, a.limit)}
+    libs = a.libs.split(",")
+    if set(libs) - set(BOUND_JOBS):
+        p.error(f"--libs {a.libs}: not of {', '.join(BOUND_JOBS)}")
     for world in (int(w) for w in a.worlds.split(",")):
         for slot in a.slots.split(","):
-            key = f"pyring x{world} slot {slot}"
-            env = {"PYRING_SEGMENT_BYTES": str(parse_bytes(slot, "--slots"))}
-            runs[key] = timed(world, "pyring", env, a.limit)
-            print(key, runs[key], flush=True)
+            for lib in libs:
+                key = f"{lib} x{world} slot {slot}"
+                env = {"PYRING_SEGMENT_BYTES": str(parse_bytes(slot, "--slots"))}
+                runs[key] = timed(world, lib, env, a.limit)
+                print(key, runs[key], flush=True)
     d2d = runs["copies x1"].get("d2d_s")
     for r in runs.values():
         if d2d and r.get("time_s"):
