@@ -85,6 +85,33 @@ def test_collectives_on_one_gpu(world, bound):
         assert not bad, f"rank {rank}: {bad}"
 
 
+def growth_body(rank, world, store, bound):
+    """Collectives of growing sizes, each awaited on the caller's stream before it has run, so
+    that pyring outgrows its staging memory (staged) or its device scratch (bfloat16 on the
+    device ring) while that stream waits for the very collective that grows it. Freeing the
+    outgrown memory there deadlocked (cudaFreeHost synchronizes the device); this also shows
+    whether allocating it there blocks."""
+    import pyring
+
+    dev = torch.device("cuda", 0)
+    bad = []
+    with pyring.init(rank, world, store, set_default=False, timeout=30,
+                     device="cuda:0" if bound else None) as comm:
+        for k in range(6):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = torch.full((1000 * 4**k + k,), float(rank + k), device=dev, dtype=dtype)
+                comm.all_reduce(x, async_op=True).wait()
+                want = float(sum(r + k for r in range(world)))
+                if not bool((x.float() == want).all()):
+                    bad.append(f"size #{k} {dtype}: {x[:3].tolist()} want {want}")
+    return bad
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["cuda_ipc", "staged"])
+def test_growing_collectives_under_a_waiting_stream(bound):
+    assert run_ranks(2, growth_body, bound, timeout=60) == [[], []]
+
+
 def cupy_body(rank, world, store):
     cupy = pytest.importorskip("cupy")
     import pyring
