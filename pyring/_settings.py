@@ -181,6 +181,11 @@ SETTINGS: tuple[Setting, ...] = (
             "distinct selector decision with its reason, and connections dropped during the "
             "rendezvous; `DETAIL` also checks that every rank calls the same collective "
             "([Reliability](reliability.md))", _choice(DEBUG_LEVELS, upper=True)),
+    Setting("PYRING_IPC_TRACE", "path prefix", None,
+            "each cuda_ipc link notes when each slot's copy was queued and published and when "
+            "each slot from its peer was handed on and released, and writes them as it closes "
+            "to `PREFIX.<pid>.<local rank>-<peer's>.csv`; `bench/probes/ipc_slots.py --trace` "
+            "summarises them ([GPUs](gpus.md))"),
     Setting("PYRING_FLIGHT_RECORDER", "count, `0`", int(_C.DEFAULT_FLIGHT_ENTRIES),
             "collectives each rank's flight recorder keeps; `0` none",
             _count(0, None, "a count of collectives to keep, 0 for none")),

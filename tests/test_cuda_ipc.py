@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +154,41 @@ def test_device_links_leak_nothing_across_communicators():
         rss, fds, threads, shm = (a - b for a, b in zip(after, before))
         assert fds <= 0 and threads <= 0 and shm <= 0, (before, after)
         assert rss < 8 * 1024, (before, after)  # KiB, over 150 communicators
+
+
+def traced_body(rank, world, store):
+    import pyring
+
+    with pyring.init(rank, world, store, segment_bytes=4096, set_default=False,
+                     device=f"sim:{_dev(rank)}") as comm:
+        from pyring.testing import sim
+
+        x = sim.SimArray(10_000, torch.float32, _dev(rank)).fill_(float(rank + 1))
+        for _ in range(3):
+            comm.all_reduce(x)
+        return float(x.to_host()[0])
+
+
+def test_ipc_trace_accounts_for_every_slot(tmp_path):
+    """PYRING_IPC_TRACE: every slot a link queued is published, and handed on and released by
+    its peer; bench/probes/ipc_slots.py's summary matches them up."""
+    import importlib.util
+
+    prefix = str(tmp_path / "ipc")
+    assert run_ranks(2, traced_body, env={"PYRING_IPC_TRACE": prefix}, timeout=120) == [12.0] * 2
+    spec = importlib.util.spec_from_file_location(
+        "ipc_slots", Path(__file__).resolve().parent.parent / "bench/probes/ipc_slots.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    links = probe.read_trace(prefix)
+    assert sorted(links) == [(0, 1), (1, 0)], links
+    # 40 KB of float32 in 4 KiB slots: 5 slots each way per phase, two phases, three calls.
+    for ev in links.values():
+        # A collective ends once its slots are handed on: the releases of the last call's
+        # slots (at most an inbox of 8) may be seen only after the link wrote its trace.
+        assert len(ev["q"]) == len(ev["p"]) == len(ev["r"]) == 30 and 22 <= len(ev["f"]) <= 30, {
+            k: len(v) for k, v in ev.items()}
+        assert all(p >= q for q, p in zip(ev["q"], ev["p"]))
+    summary = probe.summarize_trace(prefix)
+    assert summary["slots"] == 60 and summary["links"] == 2, summary
+    assert summary["copy_us_median"] >= 0 and summary["hold_us_median"] >= 0, summary

@@ -10,7 +10,12 @@ call waited for on the host instead of on the caller's stream: whether a stream 
 for the collective slows the other ranks' work on the shared GPU.
 
     python bench/probes/ipc_slots.py [--slots 2M,8M,32M] [--worlds 2,4] [--libs pyring]
-                                     [--out PATH]
+                                     [--trace] [--out PATH]
+
+``--trace`` runs one more 2-rank job at the first slot size with PYRING_IPC_TRACE and adds
+where a slot's time goes (summarize_trace): the sender's copy (queued to published, as its
+progress thread saw it), the hand-off to the receiver (published to handed on) and the
+receiver's hold (handed on to released: its kernel or copy, and the flag behind it).
 
 Times are the median over 20 calls of the slowest rank's, each call followed by
 torch.cuda.synchronize() (pyring/_selfcheck_ranks.py's allreduce_rank); "wrong" counts
@@ -20,9 +25,11 @@ elements that are not world ** calls.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,45 @@ def timed(world: int, lib: str, env: dict[str, str], limit: float) -> dict[str, 
             "device_transport": ranks[0]["device_transport"]}
 
 
+def read_trace(prefix: str) -> dict[tuple[int, int], dict[str, list[int]]]:
+    """PYRING_IPC_TRACE's files under `prefix`: {(local rank, peer's): {event: [ns, ...]}}."""
+    links: dict[tuple[int, int], dict[str, list[int]]] = {}
+    for path in sorted(Path(prefix).parent.glob(Path(prefix).name + ".*.csv")):
+        mine, peer = (int(x) for x in path.name.rsplit(".", 2)[1].split("-"))
+        events: dict[str, list[int]] = {e: [] for e in "qprf"}
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                events[row["event"]].append(int(row["ns"]))
+        links[(mine, peer)] = events
+    return links
+
+
+def summarize_trace(prefix: str) -> dict[str, Any]:
+    """Per slot sent, in microseconds (medians and sums over every slot of every link): copy
+    (the sender queued it to saw it done and published it), handoff (published to the
+    receiver handing it on), hold (handed on to released; none for a slot whose release came
+    after the trace was written)."""
+    links = read_trace(prefix)
+    parts: dict[str, list[float]] = {"copy": [], "handoff": [], "hold": []}
+    for (mine, peer), ev in links.items():
+        back = links.get((peer, mine))
+        if back is None:
+            raise ValueError(f"trace {prefix}: link {mine}->{peer} has no file of its peer")
+        # The last slots' releases may be seen only after a link wrote its trace: no hold.
+        if not (len(ev["q"]) == len(ev["p"]) == len(back["r"]) >= len(back["f"])):
+            raise ValueError(f"trace {prefix}: link {mine}->{peer} queued {len(ev['q'])}, "
+                             f"published {len(ev['p'])}; its peer handed on {len(back['r'])}, "
+                             f"released {len(back['f'])}")
+        for q, p, r in zip(ev["q"], ev["p"], back["r"]):
+            parts["copy"].append((p - q) / 1e3)
+            parts["handoff"].append((r - p) / 1e3)
+        parts["hold"] += [(f - r) / 1e3 for r, f in zip(back["r"], back["f"])]
+    n = len(parts["copy"])
+    return {"slots": n, "links": len(links),
+            **{f"{k}_us_median": statistics.median(v) if v else None for k, v in parts.items()},
+            **{f"{k}_us_total": sum(v) for k, v in parts.items()}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slots", default="2M,8M,32M",
@@ -57,6 +103,8 @@ def main() -> int:
     p.add_argument("--worlds", default="2,4", help="ranks on GPU 0")
     p.add_argument("--libs", default="pyring", help=f"of {', '.join(BOUND_JOBS)}")
     p.add_argument("--limit", type=float, default=60.0, help="seconds per job")
+    p.add_argument("--trace", action="store_true",
+                   help="one more 2-rank job with PYRING_IPC_TRACE, summarised")
     p.add_argument("--out", default="bench/results/ipc_slots.json")
     a = p.parse_args()
     import torch
@@ -75,16 +123,27 @@ def main() -> int:
                 env = {"PYRING_SEGMENT_BYTES": str(parse_bytes(slot, "--slots"))}
                 runs[key] = timed(world, lib, env, a.limit)
                 print(key, runs[key], flush=True)
+    trace = None
+    if a.trace:
+        slot = str(parse_bytes(a.slots.split(",")[0], "--slots"))
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = str(Path(tmp) / "ipc")
+            runs["traced x2"] = timed(2, "pyring", {"PYRING_SEGMENT_BYTES": slot,
+                                                    "PYRING_IPC_TRACE": prefix}, a.limit)
+            trace = summarize_trace(prefix) if "error" not in runs["traced x2"] else None
     d2d = runs["copies x1"].get("d2d_s")
     for r in runs.values():
         if d2d and r.get("time_s"):
             r["over_d2d"] = r["time_s"] / d2d
     doc = {"probe": "ipc_slots", "bytes": ALLREDUCE_BYTES, "command": sys.argv,
-           "machine": machine(devices_here(), Path(__file__).parents[2]), "runs": runs}
+           "machine": machine(devices_here(), Path(__file__).parents[2]), "runs": runs,
+           "trace": trace}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1))
     for k, v in runs.items():
         print(f"{k:24s} {json.dumps(v)[:200]}")
+    if trace is not None:
+        print(f"trace (per slot, us): {json.dumps(trace)}")
     return 0
 
 

@@ -1,6 +1,11 @@
 #include "transport/cuda_ipc/ipc_link.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 
 #include "core/errors.h"
@@ -48,6 +53,10 @@ IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
   flags_ = static_cast<Flag*>(mine_->rt.alloc_host(index(), 2 * sizeof(Flag)));
   new (&flags_[0]) Flag(0);
   new (&flags_[1]) Flag(0);
+  const char* prefix = std::getenv("PYRING_IPC_TRACE");
+  if (prefix && *prefix) {
+    trace_path_ = str_cat(prefix, ".", getpid(), ".", my_local_, "-", peer_local_, ".csv");
+  }
 }
 
 IpcLink::~IpcLink() {
@@ -55,8 +64,27 @@ IpcLink::~IpcLink() {
     mine_->rt.synchronize(index(), stream_.stream);
   } catch (const std::exception&) {  // the device failed: nothing more will touch the flags
   }
+  write_trace();
   mine_->rt.ipc_close(index(), theirs_region_);
   mine_->rt.free_host(index(), flags_);
+}
+
+void IpcLink::note(char event, uint64_t slot_seq, uint32_t bytes) {
+  if (trace_path_.empty() || trace_.size() >= kIpcTraceEvents) return;
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  trace_.push_back(TracePoint{ns, event, static_cast<uint32_t>(slot_seq), bytes});
+}
+
+void IpcLink::write_trace() const noexcept {
+  if (trace_path_.empty()) return;
+  std::FILE* f = std::fopen(trace_path_.c_str(), "w");
+  if (!f) return;  // a trace is a diagnostic: a path that cannot be written loses only it
+  std::fputs("ns,event,slot,bytes\n", f);
+  for (const TracePoint& t : trace_) {
+    std::fprintf(f, "%lld,%c,%u,%u\n", static_cast<long long>(t.ns), t.event, t.slot, t.bytes);
+  }
+  std::fclose(f);
 }
 
 void IpcLink::post_send(const uint8_t* data, size_t bytes) {
@@ -73,6 +101,7 @@ bool IpcLink::progress_send() {
     const uint64_t copied = flags_[0].load(std::memory_order_acquire);
     while (!copying_.empty() && copying_.front().value <= copied) {
       out_->lens[copying_.front().slot] = copying_.front().len;
+      note('p', published_, copying_.front().len);
       copying_.pop_front();
       ++published_;
       moved = true;
@@ -92,6 +121,7 @@ bool IpcLink::progress_send() {
                          s.data + s.done, n, stream_.stream);
     mine_->rt.write_flag(index(), stream_.stream, &flags_[0], ++copies_queued_);
     copying_.push_back({copies_queued_, slot, static_cast<uint32_t>(n)});
+    note('q', head_, static_cast<uint32_t>(n));
     ++head_;
     s.done += n;
     count_sent(n);
@@ -108,6 +138,7 @@ bool IpcLink::progress_recv() {
     bool released = false;
     while (!reading_.empty() && reading_.front() <= read) {
       reading_.pop_front();
+      note('f', released_, 0);
       ++released_;
       released = true;
     }
@@ -136,6 +167,7 @@ bool IpcLink::progress_recv() {
     moved = true;
     if (slot_offset_ == len) {
       // The slot is free once the work queued on it so far (copy, kernels) has run.
+      note('r', tail_, static_cast<uint32_t>(len));
       slot_offset_ = 0;
       ++tail_;
       mine_->rt.write_flag(index(), stream_.stream, &flags_[1], ++reads_queued_);

@@ -11,11 +11,18 @@
 //   kernels on the same stream) or copied to copy_to; once the stream raises the "read" flag
 //   behind that work, the slot is released (tail).
 // Pieces are cut at slot boundaries (multiples of kPieceAlign bytes), one message per slot.
+//
+// With PYRING_IPC_TRACE=PREFIX each link notes when each slot's copy was queued ('q') and
+// published ('p'), and when each slot from the peer was handed on ('r') and released ('f'),
+// in steady-clock nanoseconds (one clock for every process of the host), and writes them when
+// it closes to PREFIX.<pid>.<my local rank>-<peer's>.csv ("ns,event,slot,bytes"); at most
+// kIpcTraceEvents per link.
 #pragma once
 
 #include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/link.h"
 #include "core/types.h"
@@ -26,6 +33,7 @@ namespace pyring {
 
 // The control segment's slot size: its slots are never used, only their lengths and counters.
 constexpr uint64_t kIpcControlSlotBytes = 8;
+constexpr size_t kIpcTraceEvents = 1 << 20;
 
 // This rank's resources for the transport, made before the rendezvous (Transport::prepare).
 struct IpcState {
@@ -88,8 +96,16 @@ class IpcLink final : public Link {
     uint32_t slot;
     uint32_t len;
   };
+  struct TracePoint {
+    int64_t ns;
+    char event;
+    uint32_t slot;
+    uint32_t bytes;
+  };
   bool progress_send();
   bool progress_recv();
+  void note(char event, uint64_t slot_seq, uint32_t bytes);
+  void write_trace() const noexcept;
   int index() const { return mine_->device.index; }
 
   std::shared_ptr<IpcState> mine_;
@@ -115,6 +131,8 @@ class IpcLink final : public Link {
   std::deque<Recv> recvs_;
   std::deque<uint64_t> reading_;  // read-flag values after which the next slots are free
   bool aborted_ = false;
+  std::string trace_path_;  // empty: not tracing
+  std::vector<TracePoint> trace_;
 };
 
 }  // namespace pyring
