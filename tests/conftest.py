@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -19,3 +20,14 @@ def _no_leaked_segments():
         for n in leaked:
             os.unlink(os.path.join("/dev/shm", n))
         assert not leaked, f"shared-memory segments outlived the job: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_kept():
+    """Fails a test that leaves a path on sys.path: rank processes inherit the parent's, and one
+    into the source tree makes every later rank import a pyring without its built core."""
+    before = list(sys.path)
+    yield
+    added = [p for p in sys.path if p not in before]
+    sys.path[:] = before
+    assert not added, f"the test left {added} on sys.path"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -171,16 +170,12 @@ def traced_body(rank, world, store):
 
 def test_ipc_trace_accounts_for_every_slot(tmp_path):
     """PYRING_IPC_TRACE: every slot a link queued is published, and handed on and released by
-    its peer; bench/probes/ipc_slots.py's summary matches them up."""
-    import importlib.util
+    its peer; pyring/_ipc_trace.py's summary matches them up."""
+    from pyring import _ipc_trace
 
     prefix = str(tmp_path / "ipc")
     assert run_ranks(2, traced_body, env={"PYRING_IPC_TRACE": prefix}, timeout=120) == [12.0] * 2
-    spec = importlib.util.spec_from_file_location(
-        "ipc_slots", Path(__file__).resolve().parent.parent / "bench/probes/ipc_slots.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    links = probe.read_trace(prefix)
+    links = _ipc_trace.read_trace(prefix)
     assert sorted(links) == [(0, 1), (1, 0)], links
     # 40 KB of float32 in 4 KiB slots: 5 slots each way per phase, two phases, three calls.
     for ev in links.values():
@@ -189,6 +184,6 @@ def test_ipc_trace_accounts_for_every_slot(tmp_path):
         assert len(ev["q"]) == len(ev["p"]) == len(ev["r"]) == 30 and 22 <= len(ev["f"]) <= 30, {
             k: len(v) for k, v in ev.items()}
         assert all(p >= q for q, p in zip(ev["q"], ev["p"]))
-    summary = probe.summarize_trace(prefix)
+    summary = _ipc_trace.summarize_trace(prefix)
     assert summary["slots"] == 60 and summary["links"] == 2, summary
     assert summary["copy_us_median"] >= 0 and summary["hold_us_median"] >= 0, summary

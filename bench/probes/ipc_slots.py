@@ -15,7 +15,8 @@ for the collective slows the other ranks' work on the shared GPU.
 ``--trace`` runs one more 2-rank job at the first slot size with PYRING_IPC_TRACE and adds
 where a slot's time goes (summarize_trace): the sender's copy (queued to published, as its
 progress thread saw it), the hand-off to the receiver (published to handed on) and the
-receiver's hold (handed on to released: its kernel or copy, and the flag behind it).
+receiver's hold (handed on to released: its kernel or copy, and the flag behind it);
+pyring/_ipc_trace.py reads the files.
 
 Times are the median over 20 calls of the slowest rank's, each call followed by
 torch.cuda.synchronize() (pyring/_selfcheck_ranks.py's allreduce_rank); "wrong" counts
@@ -25,7 +26,6 @@ elements that are not world ** calls.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).absolute().parents[2]))
 
+from pyring._ipc_trace import summarize_trace  # noqa: E402
 from pyring._selfcheck_ranks import ALLREDUCE_BYTES, BOUND_JOBS, allreduce_rank  # noqa: E402
 from pyring._selfcheck_report import devices_here, machine  # noqa: E402
 from pyring._settings import parse_bytes  # noqa: E402
@@ -55,45 +56,6 @@ def timed(world: int, lib: str, env: dict[str, str], limit: float) -> dict[str, 
     return {"time_s": statistics.median(slowest), "min_s": min(slowest),
             "wrong": sum(r["wrong"] for r in ranks),
             "device_transport": ranks[0]["device_transport"]}
-
-
-def read_trace(prefix: str) -> dict[tuple[int, int], dict[str, list[int]]]:
-    """PYRING_IPC_TRACE's files under `prefix`: {(local rank, peer's): {event: [ns, ...]}}."""
-    links: dict[tuple[int, int], dict[str, list[int]]] = {}
-    for path in sorted(Path(prefix).parent.glob(Path(prefix).name + ".*.csv")):
-        mine, peer = (int(x) for x in path.name.rsplit(".", 2)[1].split("-"))
-        events: dict[str, list[int]] = {e: [] for e in "qprf"}
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                events[row["event"]].append(int(row["ns"]))
-        links[(mine, peer)] = events
-    return links
-
-
-def summarize_trace(prefix: str) -> dict[str, Any]:
-    """Per slot sent, in microseconds (medians and sums over every slot of every link): copy
-    (the sender queued it to saw it done and published it), handoff (published to the
-    receiver handing it on), hold (handed on to released; none for a slot whose release came
-    after the trace was written)."""
-    links = read_trace(prefix)
-    parts: dict[str, list[float]] = {"copy": [], "handoff": [], "hold": []}
-    for (mine, peer), ev in links.items():
-        back = links.get((peer, mine))
-        if back is None:
-            raise ValueError(f"trace {prefix}: link {mine}->{peer} has no file of its peer")
-        # The last slots' releases may be seen only after a link wrote its trace: no hold.
-        if not (len(ev["q"]) == len(ev["p"]) == len(back["r"]) >= len(back["f"])):
-            raise ValueError(f"trace {prefix}: link {mine}->{peer} queued {len(ev['q'])}, "
-                             f"published {len(ev['p'])}; its peer handed on {len(back['r'])}, "
-                             f"released {len(back['f'])}")
-        for q, p, r in zip(ev["q"], ev["p"], back["r"]):
-            parts["copy"].append((p - q) / 1e3)
-            parts["handoff"].append((r - p) / 1e3)
-        parts["hold"] += [(f - r) / 1e3 for r, f in zip(back["r"], back["f"])]
-    n = len(parts["copy"])
-    return {"slots": n, "links": len(links),
-            **{f"{k}_us_median": statistics.median(v) if v else None for k, v in parts.items()},
-            **{f"{k}_us_total": sum(v) for k, v in parts.items()}}
 
 
 def main() -> int:
