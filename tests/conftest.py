@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +23,18 @@ def _no_leaked_segments():
         assert not leaked, f"shared-memory segments outlived the job: {leaked}"
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 @pytest.fixture(autouse=True)
-def _sys_path_kept():
-    """Fails a test that leaves a path on sys.path: rank processes inherit the parent's, and one
-    into the source tree makes every later rank import a pyring without its built core."""
+def _source_tree_kept_off_sys_path():
+    """Fails a test that leaves the source tree (or a folder in it holding pyring) on sys.path:
+    rank processes inherit the parent's, and every later rank would import that pyring, which
+    has no built core where the tests run against an installed one."""
     before = list(sys.path)
     yield
-    added = [p for p in sys.path if p not in before]
-    sys.path[:] = before
+    added = [p for p in sys.path if p not in before and (Path(p or ".") / "pyring").is_dir()
+             and (Path(p or ".").resolve() == ROOT)]
+    for p in added:
+        sys.path.remove(p)
     assert not added, f"the test left {added} on sys.path"
