@@ -158,6 +158,30 @@ def _killed_peer(rank, world, store, transport):
     return first + (again,)
 
 
+def _sends_then_exits(rank, world, store, transport):
+    import pyring
+
+    comm = pyring.init(rank, world, store, transport=transport, set_default=False)
+    x = torch.arange(1000, dtype=torch.float32) if rank == 1 else torch.zeros(1000)
+    comm.all_reduce(torch.zeros(10))  # everyone is connected
+    if rank == 1:
+        comm.send(x * 2, 0, 5)
+        comm.broadcast(x, src=1)  # complete once its bytes are in rank 0's inbox
+        os._exit(0)  # at once: no close, and the process is gone
+    # Rank 1 is dead by the time these look, and the peer checks ran while they slept.
+    time.sleep(1.0)
+    got = torch.zeros(1000)
+    comm.recv(got, 1, 5)
+    comm.broadcast(x, src=1)
+    return bool((got == torch.arange(1000) * 2).all()), bool((x == torch.arange(1000)).all())
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_what_a_peer_sent_before_it_exited_arrives(transport):
+    res = run_ranks(2, _sends_then_exits, transport, timeout=120, allow_failures=True)
+    assert res[0] == (True, True), res[0]
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_killed_peer_every_survivor_raises(transport):
     res = run_ranks(3, _killed_peer, transport, timeout=120, allow_failures=True)

@@ -13,6 +13,9 @@ namespace pyring {
 namespace {
 constexpr int kMaxSleepMs = 50;        // how often the sleeping thread checks peers
 constexpr unsigned kThreadPolls = 32;  // passes without progress before the thread sleeps
+// Passes that take in what a dead peer left in this rank's inbox before its link is broken;
+// each moves at least one slot, and an inbox holds a few.
+constexpr int kDrainPasses = 1024;
 // While waiting threads drive, the p2p thread parks: a helper that leaves with nothing else
 // in flight does not wake it (a wake-up costs more than the message); a post that nobody
 // helps does. It stays parked while helpers keep coming (a loop of synchronous sends and
@@ -122,6 +125,10 @@ void P2pEngine::check_peers_locked() {
     try {
       p.link->check_peer();
     } catch (const std::exception& e) {
+      // A peer that ended right after its last send left those bytes in this rank's inbox:
+      // take them in first, so that what arrived whole stays claimable.
+      for (int k = 0; k < kDrainPasses && p.broken.empty() && progress_locked(); ++k) {
+      }
       break_peer_locked(static_cast<int>(i), e.what());
     }
   }
