@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,29 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def settled_threads(limit_s: float = 2.0) -> int:
+    """This process's threads once the count has held for 50 ms (at most `limit_s`): a Python
+    thread that was joined leaves /proc/self/task a moment after the join returns."""
+    def count() -> int:
+        return len(os.listdir("/proc/self/task"))
+    deadline = time.monotonic() + limit_s
+    n, held = count(), 0
+    while held < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        m = count()
+        held, n = (held + 1 if m == n else 0), m
+    return n
+
+
 def snapshot() -> dict[str, int]:
-    """This process's resident bytes, open descriptors and threads, and pyring's /dev/shm
-    entries (every job's: the test runs alone)."""
+    """This process's resident bytes, open descriptors and settled threads, and pyring's
+    /dev/shm entries (every job's: the test runs alone)."""
+    threads = settled_threads()
     rss = rss_bytes()
     shm = [n for n in os.listdir("/dev/shm") if n.startswith("pyring-")] \
         if os.path.isdir("/dev/shm") else []
     return {"rss_bytes": rss, "fds": len(os.listdir("/proc/self/fd")),
-            "threads": len(os.listdir("/proc/self/task")), "shm_entries": len(shm)}
+            "threads": threads, "shm_entries": len(shm)}
 
 
 def _rank(rank: int, world: int, store: Any, count: int, warmup: int, nbytes: int,

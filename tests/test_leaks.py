@@ -25,5 +25,6 @@ def test_communicators_created_and_destroyed_leave_nothing(transport, tmp_path):
     assert doc["passed"] and doc["shm_left_after_job"] == 0
     for rank in doc["ranks"]:
         assert rank["results_right"]
-        assert rank["end"]["threads"] == rank["after_warmup"]["threads"]
+        # No growth; the warm-up's count may still hold a thread that was ending.
+        assert rank["end"]["threads"] <= rank["after_warmup"]["threads"]
         assert rank["end"]["fds"] == rank["after_warmup"]["fds"]
