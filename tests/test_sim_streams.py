@@ -54,28 +54,38 @@ def test_stream_order_with_delays():
 
 
 def one_rank_body(rank, world, store):
-    """A one-rank all_reduce of device buffers stays on the device, in stream order: in place
-    it changes nothing, out of place it is a copy, and no byte crosses to the host."""
+    """One-rank collectives of device buffers stay on the device, in stream order: all_reduce,
+    reduce_scatter_tensor and all_gather_into_tensor in place change nothing and out of place
+    are a copy, broadcast does nothing, and no byte crosses to the host."""
     import pyring
     from pyring.testing import sim
 
     bad = []
     with pyring.init(rank, world, store, set_default=False) as comm:
         s = sim.SimStream(0)
+        calls = {
+            "all_reduce": lambda x, y, a: comm.all_reduce(x, out=y, async_op=a),
+            "reduce_scatter_tensor": lambda x, y, a: comm.reduce_scatter_tensor(
+                y, x, op="avg", async_op=a),
+            "all_gather_into_tensor": lambda x, y, a: comm.all_gather_into_tensor(
+                y, x, async_op=a),
+        }
         with sim.stream(s):
             x = sim.SimArray(4099, torch.float32, 0)
             y = sim.SimArray(4099, torch.float32, 0)
             for i in range(ITERS):
+                name, call = list(calls.items())[i % len(calls)]
                 x.fill_(float(i))
                 y.fill_(-1.0)
                 comm.all_reduce(x, op="avg" if i % 2 else "sum")
-                w = comm.all_reduce(x, out=y, async_op=bool(i % 3))
+                comm.broadcast(x, src=0, async_op=bool(i % 2))
+                w = call(x, y, bool(i % 3))
                 if w is not None:
                     w.wait()
                 x.fill_(-2.0)  # after: must not reach y
                 got = y.to_host()
                 if not bool((got == float(i)).all()):
-                    bad.append(f"#{i}: {got[:3].tolist()} want {float(i)}")
+                    bad.append(f"{name} #{i}: {got[:3].tolist()} want {float(i)}")
         s.synchronize()
         s.close()
         crossed = comm.stats()["device_host_bytes"]

@@ -268,7 +268,7 @@ void register_communicator(py::module_& m) {
             BufferView vo = view(out, out_count, dtype);
             ReduceOp rop = op_from_int(op);
             const DeviceArgs da = device_args(device);
-            if (c.resident_on(da.device)) {
+            if (stays_on_device(c, da)) {
               return launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
                                      [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
                                        resident_reduce_scatter(c, on_stream(vi, dev, s),
@@ -296,7 +296,7 @@ void register_communicator(py::module_& m) {
             BufferView vi = view(in, in_count, dtype);
             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
             const DeviceArgs da = device_args(device);
-            if (c.resident_on(da.device)) {
+            if (stays_on_device(c, da)) {
               return launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
                                      [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
                                        resident_allgather(c, on_stream(vi, dev, s),
@@ -324,7 +324,7 @@ void register_communicator(py::module_& m) {
                              " out of range for world size ", c.size());
             BufferView v = view(ptr, count, dtype);
             const DeviceArgs da = device_args(device);
-            if (c.resident_on(da.device)) {
+            if (stays_on_device(c, da)) {
               return launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
                                      [&c, v, root, dev = da.device](StreamId s, Deadline d) {
                                        ring_broadcast(c, on_stream(v, dev, s), root, d);

@@ -34,6 +34,10 @@ BufferView on_stream(const BufferView& v, const Device& device, StreamId stream)
   return s;
 }
 
+bool stays_on_device(const Communicator& comm, const DeviceArgs& args) {
+  return !args.device.is_cpu() && (comm.size() == 1 || comm.resident_on(args.device));
+}
+
 py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                            const DeviceArgs& args, std::function<void(StreamId, Deadline)> body) {
   return launch_staged(comm, async_op, desc, args,
@@ -80,8 +84,7 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
 py::object allreduce_on_device(Communicator& c, bool async_op, const BufferView& vi,
                                const BufferView& vo, ReduceOp rop, Algo a, const DeviceArgs& da) {
   const CollectiveDesc desc = desc_of("all_reduce", vi, static_cast<int>(rop));
-  // One rank moves nothing: the call stays on the device (an out-of-place one is a copy).
-  if (c.size() == 1 || (c.resident_on(da.device) && (a == Algo::kAuto || a == Algo::kRing))) {
+  if (stays_on_device(c, da) && (c.size() == 1 || a == Algo::kAuto || a == Algo::kRing)) {
     return launch_resident(
         c, async_op, desc, da, [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
           resident_allreduce(c, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);

@@ -37,14 +37,18 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          const DeviceArgs& args,
                          std::function<void(DeviceQueue&, uint64_t, Deadline)> body);
 
-// The same, run on the device buffers themselves (DeviceQueue::run_resident), for a
-// communicator whose device links carry args.device: body(pyring's stream, deadline).
+// Whether a collective on args.device runs on the device buffers themselves: the
+// communicator's device links carry that device, or it has one rank (nothing moves).
+bool stays_on_device(const Communicator& comm, const DeviceArgs& args);
+
+// The same, run on the device buffers themselves (DeviceQueue::run_resident), where
+// stays_on_device(comm, args): body(pyring's stream, deadline).
 py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                            const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
 
-// all_reduce(vi -> vo) of device buffers on args.device: on the buffers themselves where the
-// communicator is resident there and the ring is allowed, else staged in chunks through the
-// host, each chunk reduced while its neighbours are copied.
+// all_reduce(vi -> vo) of device buffers on args.device: on the buffers themselves where they
+// stay on the device and the ring is allowed (or there is one rank), else staged in chunks through
+// the host, each chunk reduced while its neighbours are copied.
 py::object allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
                                const BufferView& vo, ReduceOp op, Algo algo,
                                const DeviceArgs& args);

@@ -49,8 +49,9 @@ void check_links_carry(const Communicator& comm, const BufferView& in, const Buf
 // Device-resident collectives: in and out on the device of the communicator's device links,
 // whose stream the buffers name; the ring algorithms run on the device buffers themselves,
 // their kernels and copies queued on that stream (DeviceQueue::run_resident). The choice is
-// logged at INFO with its reason. resident_allreduce also takes a one-rank communicator's
-// device buffers, links or none: nothing crosses, and an out-of-place call is one copy.
+// logged at INFO with its reason. Each also takes a one-rank communicator's device buffers,
+// links or none: nothing crosses, and an out-of-place call is one copy (ring_broadcast of one
+// rank does nothing).
 void resident_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
                         ReduceOp op, Deadline deadline);
 void resident_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,

@@ -31,6 +31,7 @@ void resident_allreduce(Communicator& comm, const BufferView& in, const BufferVi
 
 void resident_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
                              ReduceOp op, Deadline deadline) {
+  if (comm.size() == 1) return ring_reduce_scatter(comm, in, out, op, deadline);
   check_links_carry(comm, in, out, "reduce_scatter");
   note_resident(comm, "reduce_scatter", in, in.bytes());
   ring_reduce_scatter(comm, in, out, op, deadline);
@@ -38,6 +39,7 @@ void resident_reduce_scatter(Communicator& comm, const BufferView& in, const Buf
 
 void resident_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
                         Deadline deadline) {
+  if (comm.size() == 1) return ring_allgather(comm, in, out, deadline);
   check_links_carry(comm, in, out, "allgather");
   note_resident(comm, "allgather", in, out.bytes());
   ring_allgather(comm, in, out, deadline);
