@@ -30,8 +30,10 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
         why = "transport='tcp' publishes no device transport"
     else:
         kind, index = device.split(":")
+        order = list(core.ring_order)
+        left = order[order.index(rank) - 1]  # the device collectives' only sender to this rank
         prepared = _C.prepare_device_transports(KIND_NAMES.index(kind), int(index), local_world,
-                                                cfg.device_segment_bytes, name)
+                                                cfg.device_segment_bytes, name, [left])
         why = "; ".join(f"{t}: {e}" for t, e in prepared.refused.items())
     try:
         mine = {"host": rendezvous.host_key(),

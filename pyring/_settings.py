@@ -112,7 +112,8 @@ SPIN_US_OWN_CORE, SPIN_US_SHARED_CORES = 1000, 20
 # kernel and two hand-offs between the ranks' progress threads, and ranks sharing a GPU take
 # turns on it: a 64 MiB all_reduce of 2 ranks on one H200 took 1.96 ms with 2 MiB slots and
 # 0.88 ms with 16 MiB (4 ranks: 6.36 and 2.49 ms; bench/results/ipc_slots_h200.json). A rank
-# holds 8 slots per local rank in device memory (256 MiB at 2 ranks per host).
+# holds 8 slots in device memory, for its ring's left neighbour alone (128 MiB, whatever the
+# number of ranks per host).
 DEFAULT_DEVICE_SEGMENT_BYTES = 16 << 20
 
 SETTINGS: tuple[Setting, ...] = (

@@ -62,6 +62,24 @@ def test_cuda_ipc_matrix(world):
         assert not bad, f"rank {rank}: {len(bad)} wrong results:\n" + "\n".join(bad[:20])
 
 
+def memory_body(rank, world, store):
+    import pyring
+    from pyring import _C
+
+    before = _C.sim_allocated_bytes()
+    with pyring.init(rank, world, store, segment_bytes=1 << 20, set_default=False,
+                     device=f"sim:{_dev(rank)}") as comm:
+        assert comm._c.device_transport == "cuda_ipc"
+        return _C.sim_allocated_bytes() - before
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_device_memory_is_one_inbox_whatever_the_local_world(world):
+    # The device collectives are ring schedules: a rank receives from its left neighbour
+    # alone, so it holds one inbox of 8 slots, not one per local rank.
+    assert run_ranks(world, memory_body, timeout=120) == [8 << 20] * world
+
+
 def refused_body(rank, world, store):
     import pyring
     from pyring.testing.sim import SimArray

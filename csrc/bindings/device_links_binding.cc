@@ -32,7 +32,8 @@ struct PendingDeviceLinks {
 };
 
 std::shared_ptr<DevicePrepared> prepare(int kind, int index, uint32_t local_world,
-                                        size_t slot_bytes, const std::string& name) {
+                                        size_t slot_bytes, const std::string& name,
+                                        const std::vector<int>& senders) {
   auto p = std::make_shared<DevicePrepared>();
   p->device = Device{device_kind_from_int(kind), index};
   PYRING_CHECK_ARG(!p->device.is_cpu() && index >= 0, "device transports need a device, got ",
@@ -42,6 +43,7 @@ std::shared_ptr<DevicePrepared> prepare(int kind, int index, uint32_t local_worl
   setup.local_world = local_world;
   setup.slot_bytes = slot_bytes;
   setup.name = name;
+  setup.senders = senders;
   for (const Transport* t : transports()) {
     if (t->memory() != Memory::kDevice) continue;
     try {
@@ -102,8 +104,9 @@ void register_device_links(CommunicatorClass& cls, py::module_& m) {
   py::class_<PendingDeviceLinks, std::shared_ptr<PendingDeviceLinks>>(m, "PendingDeviceLinks")
       .def_readonly("transport", &PendingDeviceLinks::transport);
   m.def("prepare_device_transports", &prepare, py::arg("kind"), py::arg("index"),
-        py::arg("local_world"), py::arg("slot_bytes"), py::arg("name"),
-        "Makes this rank's resources for every device transport; their addresses to publish.");
+        py::arg("local_world"), py::arg("slot_bytes"), py::arg("name"), py::arg("senders"),
+        "Makes this rank's resources for every device transport, receive memory for the "
+        "ranks in `senders` alone; their addresses to publish.");
   cls.def("connect_device_links", &connect, py::arg("prepared"), py::arg("endpoints"),
           py::arg("needed"), py::arg("local_index"), py::arg("local_world"),
           "(PendingDeviceLinks, '') or (None, why the device links could not be made).")

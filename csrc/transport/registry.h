@@ -42,6 +42,9 @@ struct DeviceSetup {
   uint32_t local_world = 1;
   size_t slot_bytes = 0;  // pipelining unit
   std::string name;       // a unique name for host shared memory of this rank, if it needs one
+  // The ranks whose device links send to this rank: the ring's left neighbour, for the device
+  // collectives are ring schedules. A transport may give receive memory to these alone.
+  std::vector<int> senders;
 };
 
 class Transport {

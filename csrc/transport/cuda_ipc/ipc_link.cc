@@ -13,17 +13,24 @@
 
 namespace pyring {
 
-IpcState::IpcState(Device device_, uint32_t local_world_, uint32_t nslots_, size_t slot_bytes_,
-                   const std::string& control_name)
+size_t inbox_index(const std::vector<int>& senders, int rank) {
+  auto it = std::find(senders.begin(), senders.end(), rank);
+  return it == senders.end() ? kNoInbox : static_cast<size_t>(it - senders.begin());
+}
+
+IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> senders_,
+                   uint32_t nslots_, size_t slot_bytes_, const std::string& control_name)
     : device(device_),
       rt(device_runtime(device_.kind)),
       local_world(local_world_),
+      senders(std::move(senders_)),
       nslots(nslots_),
       slot_bytes(slot_bytes_) {
   PYRING_CHECK_ARG(slot_bytes > 0 && slot_bytes % kPieceAlign == 0 && slot_bytes <= UINT32_MAX,
                    "cuda_ipc slot size ", slot_bytes, " must be a positive multiple of ",
                    kPieceAlign, " below 4 GiB");
-  region = static_cast<uint8_t*>(rt.alloc(device.index, inbox_offset(local_world, 0)));
+  PYRING_CHECK_ARG(!senders.empty(), "cuda_ipc needs at least one sender to give an inbox to");
+  region = static_cast<uint8_t*>(rt.alloc(device.index, inbox_offset(senders.size(), 0)));
   try {
     handle = rt.ipc_handle(device.index, region);
     control = ShmSegment::create(control_name, local_world, nslots, kIpcControlSlotBytes);
@@ -40,7 +47,7 @@ IpcState::~IpcState() {
 
 IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
                  std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region,
-                 IpcStream stream)
+                 size_t send_inbox, size_t recv_inbox, IpcStream stream)
     : Link(peer),
       mine_(std::move(mine)),
       theirs_control_(std::move(theirs_control)),
@@ -49,7 +56,9 @@ IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
       out_(theirs_control_->inbox_control(my_local)),
       in_(mine_->control->inbox_control(peer_local)),
       my_local_(my_local),
-      peer_local_(peer_local) {
+      peer_local_(peer_local),
+      send_inbox_(send_inbox),
+      recv_inbox_(recv_inbox) {
   flags_ = static_cast<Flag*>(mine_->rt.alloc_host(index(), 2 * sizeof(Flag)));
   new (&flags_[0]) Flag(0);
   new (&flags_[1]) Flag(0);
@@ -65,7 +74,7 @@ IpcLink::~IpcLink() {
   } catch (const std::exception&) {  // the device failed: nothing more will touch the flags
   }
   write_trace();
-  mine_->rt.ipc_close(index(), theirs_region_);
+  if (theirs_region_) mine_->rt.ipc_close(index(), theirs_region_);
   mine_->rt.free_host(index(), flags_);
 }
 
@@ -88,10 +97,15 @@ void IpcLink::write_trace() const noexcept {
 }
 
 void IpcLink::post_send(const uint8_t* data, size_t bytes) {
+  PYRING_CHECK(send_inbox_ != kNoInbox, CommError, "cuda_ipc: rank ", peer_,
+               " gave this rank no inbox (device links carry data to the ring's right "
+               "neighbour alone)");
   if (bytes > 0) sends_.push_back({data, bytes, 0});
 }
 
 void IpcLink::post_recv(RecvSpec spec) {
+  PYRING_CHECK(recv_inbox_ != kNoInbox, CommError, "cuda_ipc: this rank gave rank ", peer_,
+               " no inbox (device links carry data from the ring's left neighbour alone)");
   if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0});
 }
 
@@ -117,7 +131,7 @@ bool IpcLink::progress_send() {
     const uint32_t slot = static_cast<uint32_t>(head_ % mine_->nslots);
     Send& s = sends_.front();
     const size_t n = std::min(slot_bytes, s.bytes - s.done);
-    mine_->rt.copy_async(index(), theirs_region_ + mine_->inbox_offset(my_local_, slot),
+    mine_->rt.copy_async(index(), theirs_region_ + mine_->inbox_offset(send_inbox_, slot),
                          s.data + s.done, n, stream_.stream);
     mine_->rt.write_flag(index(), stream_.stream, &flags_[0], ++copies_queued_);
     copying_.push_back({copies_queued_, slot, static_cast<uint32_t>(n)});
@@ -155,7 +169,7 @@ bool IpcLink::progress_recv() {
     PYRING_CHECK(len <= mine_->slot_bytes && len > slot_offset_, CommError,
                  "cuda_ipc stream from rank ", peer_, " is corrupt (slot of ", len, " bytes)");
     const size_t n = std::min(len - slot_offset_, r.spec.bytes - r.done);
-    const uint8_t* src = mine_->region + mine_->inbox_offset(peer_local_, slot) + slot_offset_;
+    const uint8_t* src = mine_->region + mine_->inbox_offset(recv_inbox_, slot) + slot_offset_;
     if (r.spec.copy_to) {
       mine_->rt.copy_async(index(), r.spec.copy_to + r.done, src, n, stream_.stream);
       src = r.spec.copy_to + r.done;

@@ -1,8 +1,10 @@
 // A Link that carries device memory to a process of the same host, several on one GPU included.
 //
 // Each rank registers, once at init, a device receive region with one inbox of `nslots` slots
-// per local sender, and publishes its IPC handle; the slot ring's control (head, tail, slot
-// lengths) lives in a small shared-memory segment of the receiver, read and written only by
+// per sender (DeviceSetup::senders: the ring's left neighbour alone), and publishes its IPC
+// handle with the list of senders; a link carries data only the way an inbox was given for
+// (a send or receive the other way is refused with CommError); the slot ring's control (head, tail,
+// slot lengths) lives in a small shared-memory segment of the receiver, read and written only by
 // the two progress threads (host code; no kernel ever spins on another process's flag).
 // - Send: a slot the receiver released is filled by a device copy, queued on the link's
 //   stream (the device queue's), into the receiver's inbox; once the stream raises this link's
@@ -19,6 +21,7 @@
 // kIpcTraceEvents per link.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -37,22 +40,24 @@ constexpr size_t kIpcTraceEvents = 1 << 20;
 
 // This rank's resources for the transport, made before the rendezvous (Transport::prepare).
 struct IpcState {
-  IpcState(Device device, uint32_t local_world, uint32_t nslots, size_t slot_bytes,
-           const std::string& control_name);
+  IpcState(Device device, uint32_t local_world, std::vector<int> senders, uint32_t nslots,
+           size_t slot_bytes, const std::string& control_name);
   ~IpcState();
   IpcState(const IpcState&) = delete;
   IpcState& operator=(const IpcState&) = delete;
 
-  size_t inbox_offset(uint32_t from, uint32_t slot) const {
-    return (static_cast<size_t>(from) * nslots + slot) * slot_bytes;
+  // The offset in the region of inbox `inbox` (an index into senders), slot `slot`.
+  size_t inbox_offset(size_t inbox, uint32_t slot) const {
+    return (inbox * nslots + slot) * slot_bytes;
   }
 
   Device device;
   DeviceRuntime& rt;
   uint32_t local_world;
+  std::vector<int> senders;  // global ranks, one inbox each, in this order
   uint32_t nslots;
   size_t slot_bytes;
-  uint8_t* region = nullptr;  // device memory: local_world inboxes of nslots slots
+  uint8_t* region = nullptr;  // device memory: one inbox of nslots slots per sender
   IpcHandle handle;
   std::shared_ptr<ShmSegment> control;  // nslots lengths, head and tail per inbox
 };
@@ -63,11 +68,19 @@ struct IpcStream {
   std::shared_ptr<void> owner;  // keeps the stream alive while the link is
 };
 
+// The index of `rank` in `senders`, or kNoInbox.
+constexpr size_t kNoInbox = SIZE_MAX;
+size_t inbox_index(const std::vector<int>& senders, int rank);
+
 class IpcLink final : public Link {
  public:
-  // theirs_region: the peer's region, opened by ipc_open (closed by the destructor).
+  // theirs_region: the peer's region, opened by ipc_open (closed by the destructor), or null
+  // where send_inbox is kNoInbox.
+  // send_inbox: this rank's inbox in the peer's region; recv_inbox: the peer's in this rank's
+  // (kNoInbox: the link carries nothing that way).
   IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
-          std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region, IpcStream stream);
+          std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region, size_t send_inbox,
+          size_t recv_inbox, IpcStream stream);
   // Waits for the stream, then unmaps the peer's region and frees the flags.
   ~IpcLink() override;
 
@@ -116,6 +129,8 @@ class IpcLink final : public Link {
   InboxControl* in_;   // in this rank's
   uint32_t my_local_;
   uint32_t peer_local_;
+  size_t send_inbox_;
+  size_t recv_inbox_;
   Flag* flags_ = nullptr;  // [0] copied: copies into the peer's slots; [1] read: this rank's reads
   uint64_t copies_queued_ = 0;
   uint64_t reads_queued_ = 0;

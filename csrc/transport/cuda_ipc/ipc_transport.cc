@@ -1,7 +1,7 @@
 // The cuda_ipc entry of the transport registry: device buffers between processes of one host,
 // several ranks on one GPU included. Address: "<device> <nslots> <slot bytes> <control segment>
-// <IPC handle, hex>", made once at init (Transport::prepare); the handle is opened once per peer
-// at connect, never per collective.
+// <IPC handle, hex> <number of senders> <sender rank>...", made once at init
+// (Transport::prepare); the handle is opened once per peer at connect, never per collective.
 #include <cstdio>
 #include <sstream>
 
@@ -23,6 +23,7 @@ struct IpcAddress {
   size_t slot_bytes = 0;
   std::string control;
   IpcHandle handle;
+  std::vector<int> senders;  // the ranks given an inbox in the region, in its order
 };
 
 std::string to_hex(const uint8_t* p, size_t n) {
@@ -39,9 +40,12 @@ IpcAddress parse(const Endpoint& e) {
   IpcAddress a;
   std::istringstream in(e.address(kName));
   std::string hex;
-  in >> a.device >> a.nslots >> a.slot_bytes >> a.control >> hex;
-  PYRING_CHECK(!in.fail() && hex.size() == 2 * sizeof(a.handle.bytes), CommError, "rank ", e.rank,
-               " published a malformed ", kName, " address");
+  size_t nsenders = 0;
+  in >> a.device >> a.nslots >> a.slot_bytes >> a.control >> hex >> nsenders;
+  for (size_t i = 0; i < nsenders && in; ++i) in >> a.senders.emplace_back();
+  PYRING_CHECK(!in.fail() && hex.size() == 2 * sizeof(a.handle.bytes) && nsenders > 0 &&
+                   a.senders.size() == nsenders,
+               CommError, "rank ", e.rank, " published a malformed ", kName, " address");
   for (size_t i = 0; i < sizeof(a.handle.bytes); ++i) {
     a.handle.bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
   }
@@ -76,11 +80,13 @@ class IpcTransport final : public Transport {
 
   std::shared_ptr<void> prepare(const DeviceSetup& setup, std::string* address) const override {
     const size_t slot = setup.slot_bytes / kPieceAlign * kPieceAlign;
-    auto state = std::make_shared<IpcState>(setup.device, setup.local_world, kIpcSlots,
-                                            slot < kPieceAlign ? kPieceAlign : slot, setup.name);
-    *address = str_cat(setup.device.str(), " ", state->nslots, " ", state->slot_bytes, " ",
-                       state->control->name(), " ",
-                       to_hex(state->handle.bytes, sizeof(state->handle.bytes)));
+    auto state =
+        std::make_shared<IpcState>(setup.device, setup.local_world, setup.senders, kIpcSlots,
+                                   slot < kPieceAlign ? kPieceAlign : slot, setup.name);
+    *address = str_cat(
+        setup.device.str(), " ", state->nslots, " ", state->slot_bytes, " ", state->control->name(),
+        " ", to_hex(state->handle.bytes, sizeof(state->handle.bytes)), " ", state->senders.size());
+    for (int r : state->senders) *address += str_cat(" ", r);
     return state;
   }
 
@@ -101,10 +107,15 @@ class IpcTransport final : public Transport {
                        setup.local_world);
       auto control =
           ShmSegment::attach(a.control, setup.local_world, a.nslots, kIpcControlSlotBytes);
-      uint8_t* region = static_cast<uint8_t*>(mine->rt.ipc_open(setup.device.index, a.handle));
-      out.by_rank[static_cast<size_t>(p->rank)] =
-          std::make_unique<IpcLink>(p->rank, setup.local_index, li, mine, std::move(control),
-                                    region, IpcStream{setup.stream, setup.stream_owner});
+      // The peer's region is opened only where this rank has an inbox in it to write to.
+      const size_t send_inbox = inbox_index(a.senders, setup.rank);
+      uint8_t* region =
+          send_inbox == kNoInbox
+              ? nullptr
+              : static_cast<uint8_t*>(mine->rt.ipc_open(setup.device.index, a.handle));
+      out.by_rank[static_cast<size_t>(p->rank)] = std::make_unique<IpcLink>(
+          p->rank, setup.local_index, li, mine, std::move(control), region, send_inbox,
+          inbox_index(mine->senders, p->rank), IpcStream{setup.stream, setup.stream_owner});
     }
   }
 };
