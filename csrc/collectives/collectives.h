@@ -42,7 +42,7 @@ size_t tree_slices(size_t bytes, size_t teams);
 // carry host memory, and device buffers are staged by the device queue (core/device_queue.h).
 void check_on_host(const BufferView& in, const BufferView& out, const char* what);
 // The same, but device buffers pass too where the communicator has links that carry them
-// (Communicator::resident_on).
+// (Communicator::resident_on) or has one rank (nothing crosses).
 void check_links_carry(const Communicator& comm, const BufferView& in, const BufferView& out,
                        const char* what);
 

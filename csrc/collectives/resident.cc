@@ -9,7 +9,9 @@ namespace pyring {
 
 namespace {
 
+// One rank moves nothing over links: no ring to note.
 void note_resident(Communicator& comm, const char* name, const BufferView& in, size_t bytes) {
+  if (comm.size() == 1) return;
   comm.count_call(Algo::kRing);
   comm.log_once(1, str_cat("resident/", name), [&] {
     return str_cat(name, " ", human_bytes(bytes), " on ", in.device.str(), ": ring on the device (",
@@ -23,7 +25,6 @@ void note_resident(Communicator& comm, const char* name, const BufferView& in, s
 
 void resident_allreduce(Communicator& comm, const BufferView& in, const BufferView& out,
                         ReduceOp op, Deadline deadline) {
-  if (comm.size() == 1) return ring_allreduce(comm, in, out, op, deadline);
   check_links_carry(comm, in, out, "all_reduce");
   note_resident(comm, "all_reduce", in, in.bytes());
   ring_allreduce(comm, in, out, op, deadline);
@@ -31,7 +32,6 @@ void resident_allreduce(Communicator& comm, const BufferView& in, const BufferVi
 
 void resident_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
                              ReduceOp op, Deadline deadline) {
-  if (comm.size() == 1) return ring_reduce_scatter(comm, in, out, op, deadline);
   check_links_carry(comm, in, out, "reduce_scatter");
   note_resident(comm, "reduce_scatter", in, in.bytes());
   ring_reduce_scatter(comm, in, out, op, deadline);
@@ -39,7 +39,6 @@ void resident_reduce_scatter(Communicator& comm, const BufferView& in, const Buf
 
 void resident_allgather(Communicator& comm, const BufferView& in, const BufferView& out,
                         Deadline deadline) {
-  if (comm.size() == 1) return ring_allgather(comm, in, out, deadline);
   check_links_carry(comm, in, out, "allgather");
   note_resident(comm, "allgather", in, out.bytes());
   ring_allgather(comm, in, out, deadline);

@@ -14,9 +14,8 @@
 namespace pyring {
 
 void ring_broadcast(Communicator& comm, const BufferView& buf, int root, Deadline deadline) {
-  if (comm.size() == 1) return;  // one rank's buffer is already everyone's, wherever it is
   check_links_carry(comm, buf, buf, "broadcast");
-  if (buf.bytes() == 0) return;
+  if (comm.size() == 1 || buf.bytes() == 0) return;
   note_ring_collective(comm, CollectiveKind::kBroadcast, buf.bytes());
   const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());
   const PhaseInfo info{
