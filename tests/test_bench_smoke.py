@@ -57,7 +57,7 @@ HOST_CASES = {
     "slowlink": ["slowlink.py", "--task", "digits", "--steps", "4", "--rate", "100mbit",
                  "--out", "{out}/slowlink.json"],
     "overlap": ["overlap.py", "--rounds", "1", "--dim", "32", "--layers", "1", "--seq", "16",
-                "--batch", "2", "--hooks", "bf16", "--tag", "smoke"],
+                "--batch", "2", "--hooks", "bf16", "--tag", "smoke", "--timeline"],
     "link_cpu": ["probes/link_cpu.py", "--rounds", "1", "--dim", "32", "--layers", "1", "--seq",
                  "16", "--tag", "smoke"],
 }
