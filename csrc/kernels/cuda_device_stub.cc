@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "kernels/cuda_device.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/wire_cast.h"
 
 namespace pyring {
 
@@ -34,7 +35,8 @@ void cuda_reduce_finish(DType, ReduceOp, const void*, const void*, void*, size_t
 void cuda_finish_wide(DType, ReduceOp, const void*, void*, size_t, int, void*) {
   no_cuda("cuda_finish_wide");
 }
-void cuda_cast(DType, DType, const void*, void*, size_t, void*) {
+void cuda_cast(DType from, DType to, const void*, void*, size_t, void*) {
+  check_wire_cast("cuda_cast", from, to);
   no_cuda("cuda_cast");
 }
 size_t cuda_onebit_workspace_bytes() {

@@ -5,6 +5,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/elementwise.h"
+#include "kernels/wire_cast.h"
 
 namespace pyring {
 
@@ -229,6 +230,7 @@ void cuda_finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size
 }
 
 void cuda_cast(DType from, DType to, const void* in, void* out, size_t n, void* stream) {
+  check_wire_cast("cuda_cast", from, to);
   if (from == DType::kFloat32 && to == DType::kFloat16) {
     return cast_typed<float, Half>(in, out, n, stream);
   }
@@ -241,8 +243,6 @@ void cuda_cast(DType from, DType to, const void* in, void* out, size_t n, void* 
   if (from == DType::kBFloat16 && to == DType::kFloat32) {
     return cast_typed<BFloat16, float>(in, out, n, stream);
   }
-  PYRING_THROW(InvalidArgument, "cuda_cast: no cast from ", dtype_name(from), " to ",
-               dtype_name(to), " (the wire casts are float32 <-> float16/bfloat16)");
 }
 
 }  // namespace pyring

@@ -94,7 +94,19 @@ size_t from_half_avx2(const Half*, float*, size_t) {
 
 }  // namespace
 
+bool is_wire_cast(DType from, DType to) {
+  const bool narrow = to == DType::kFloat16 || to == DType::kBFloat16;
+  const bool widen = from == DType::kFloat16 || from == DType::kBFloat16;
+  return (from == DType::kFloat32 && narrow) || (widen && to == DType::kFloat32);
+}
+
+void check_wire_cast(const char* fn, DType from, DType to) {
+  PYRING_CHECK_ARG(is_wire_cast(from, to), fn, ": no cast from ", dtype_name(from), " to ",
+                   dtype_name(to), " (the wire casts are float32 <-> float16/bfloat16)");
+}
+
 void wire_cast(DType from, DType to, const void* in, void* out, size_t n) {
+  check_wire_cast("wire_cast", from, to);
   if (from == DType::kFloat32 && to == DType::kFloat16) {
     const size_t done =
         host_avx2() ? to_half_avx2(static_cast<const float*>(in), static_cast<Half*>(out), n) : 0;
@@ -115,8 +127,6 @@ void wire_cast(DType from, DType to, const void* in, void* out, size_t n) {
   if (from == DType::kBFloat16 && to == DType::kFloat32) {
     return cast_typed<BFloat16, float>(in, out, n, [](BFloat16 h) { return to_float(h); });
   }
-  PYRING_THROW(InvalidArgument, "wire_cast: no cast from ", dtype_name(from), " to ",
-               dtype_name(to), " (the wire casts are float32 <-> float16/bfloat16)");
 }
 
 }  // namespace pyring

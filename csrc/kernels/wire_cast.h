@@ -8,6 +8,12 @@
 
 namespace pyring {
 
+// Whether from -> to is a wire cast (float32 <-> float16/bfloat16).
+bool is_wire_cast(DType from, DType to);
+// Throws InvalidArgument naming `fn` and the pair unless is_wire_cast: checked before any
+// device is asked for, so a build without CUDA names the bad pair too.
+void check_wire_cast(const char* fn, DType from, DType to);
+
 // out[i] = in[i] converted from `from` to `to`. Other pairs throw InvalidArgument.
 void wire_cast(DType from, DType to, const void* in, void* out, size_t n);
 
