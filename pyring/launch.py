@@ -31,6 +31,7 @@ import multiprocessing.reduction as mp_reduction
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -93,6 +94,34 @@ def _is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+_fork_server_lock = threading.Lock()
+
+
+def _ensure_fork_server() -> None:
+    """Starts the fork server unless it runs, resolving its preload's imports along this
+    process's sys.path. Python before 3.12 starts the server as ``python -c`` (the working
+    directory first on its path) and ignores the launcher's path: from a source checkout whose
+    pyring/ has no built core, the preload of the installed pyring failed silently and every rank
+    imported pyring itself (about 1.3 s of a core each). The server is started with PYTHONPATH
+    set to this path and PYTHONSAFEPATH, both restored at once (a rank adopts the launcher's
+    environment as it starts)."""
+    from multiprocessing import forkserver
+
+    keys = ("PYTHONPATH", "PYTHONSAFEPATH")
+    with _fork_server_lock:
+        saved = {k: os.environ.get(k) for k in keys}
+        os.environ["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _adopt(out: Any, err: Any, environ: dict) -> None:
@@ -213,6 +242,8 @@ class Ranks:
         self._closed = False
         self.exitcodes: dict[int, int | None] = {}
         try:
+            if forked:
+                _ensure_fork_server()  # where the first start would: after the store's fds
             for p in self._procs.values():
                 p.start()
         except BaseException:

@@ -258,6 +258,36 @@ def test_ranks_see_the_launchers_environment_as_the_job_starts(start_method, mon
     assert got == [want, want], got
 
 
+def _pyring_file(rank, world, store):
+    import pyring
+
+    return pyring.__file__
+
+
+def test_the_fork_server_preloads_the_launchers_pyring_whatever_the_working_directory(
+        tmp_path, monkeypatch):
+    # A pyring/ in the working directory (a source checkout without a built core) must not
+    # shadow, in the fork server's preload, the pyring this process imported: the preload
+    # failed silently there and every rank imported pyring itself.
+    import multiprocessing.forkserver as forkserver
+
+    import pyring
+
+    shadow = tmp_path / "pyring"
+    shadow.mkdir()
+    marker = tmp_path / "shadow-imported"
+    (shadow / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise ImportError('a shadow without a core')\n")
+    monkeypatch.chdir(tmp_path)
+    forkserver._forkserver._stop()  # the next job starts a server here
+    try:
+        got = run_ranks(2, _pyring_file, start_method="forkserver")
+    finally:
+        forkserver._forkserver._stop()  # later jobs start one elsewhere
+    assert got == [pyring.__file__] * 2
+    assert not marker.exists(), "the fork server imported the working directory's pyring/"
+
+
 _CLOSED_STDOUT = """
 import os, sys
 from pyring.launch import run_ranks
