@@ -101,12 +101,12 @@ _fork_server_lock = threading.Lock()
 
 def _ensure_fork_server() -> None:
     """Starts the fork server unless it runs, resolving its preload's imports along this
-    process's sys.path. Python before 3.12 starts the server as ``python -c`` (the working
-    directory first on its path) and ignores the launcher's path: from a source checkout whose
-    pyring/ has no built core, the preload of the installed pyring failed silently and every rank
-    imported pyring itself (about 1.3 s of a core each). The server is started with PYTHONPATH
-    set to this path and PYTHONSAFEPATH, both restored at once (a rank adopts the launcher's
-    environment as it starts)."""
+    process's sys.path. CPython's server (3.11 among others; a bug CPython fixed later) runs as
+    ``python -c``, the working directory first on its path, and ignores the launcher's path:
+    from a source checkout whose pyring/ has no built core, the preload of the installed pyring
+    failed silently and every rank imported pyring itself (about 1.3 s of a core each). The
+    server is started with PYTHONPATH set to this path and PYTHONSAFEPATH (3.11 and later),
+    both restored at once (a rank adopts the launcher's environment as it starts)."""
     from multiprocessing import forkserver
 
     keys = ("PYTHONPATH", "PYTHONSAFEPATH")
