@@ -48,6 +48,10 @@ DEFAULT_PRELOAD = ("torch", "pyring")
 # its threads' stacks, and is killed STACK_WAIT_S later.
 STACK_SIGNAL = signal.SIGUSR1
 STACK_WAIT_S = 1.0
+# Once a rank has failed, the seconds the others get to end before they count as hung: a rank
+# stuck where no timeout reaches it (a deadlock in a driver) must not hold the job to its
+# whole limit.
+FAILURE_GRACE_S = 60.0
 
 
 def _die_with_parent(parent: int, direct: bool) -> None:
@@ -277,11 +281,12 @@ class Ranks:
         return self.alive()
 
     def wait(self, timeout: float = 120.0, allow_failures: bool = False) -> list[Any]:
-        """run_ranks's result, counting `timeout` from this call; every process has ended when
-        it returns or raises."""
+        """run_ranks's result, counting `timeout` from this call, and at most FAILURE_GRACE_S
+        after the first rank's failure; every process has ended when it returns or raises."""
         got: dict[int, Any] = {}
         failures: dict[int, tuple[str, str, str]] = {}
         deadline = time.monotonic() + timeout
+        limit = f"within {timeout:g} s"
         try:
             while len(got) + len(failures) < len(self.ranks):
                 left = deadline - time.monotonic()
@@ -297,6 +302,9 @@ class Ranks:
                 if ok:
                     got[rank] = value
                 else:
+                    if not failures and time.monotonic() + FAILURE_GRACE_S < deadline:
+                        deadline = time.monotonic() + FAILURE_GRACE_S
+                        limit = f"{FAILURE_GRACE_S:g} s after rank {rank} failed"
                     failures[rank] = value
         finally:
             for p in self._procs.values():
@@ -312,8 +320,8 @@ class Ranks:
         for r in self.ranks:
             if r not in got and r not in failures:
                 failures[r] = (
-                    ("Hang", f"no result within {timeout:g} s, killed (its threads' stacks "
-                     "are on its stderr)", "") if r in hung else
+                    ("Hang", f"no result {limit}, killed (its threads' stacks are on its "
+                     "stderr)", "") if r in hung else
                     ("Exit", f"ended without a result (exit code {self.exitcodes[r]})", ""))
         if failures:
             raise RankFailure(dict(sorted(failures.items())))

@@ -266,8 +266,10 @@ def main_job_args(c: Check) -> list[str]:
 def _train(c: Check, name: str, device_args: list[str]) -> dict[str, Any]:
     path = c.out / f"main_job_{name}.json"
     path.unlink(missing_ok=True)
+    # A collective here takes milliseconds: a 30 s timeout names a hang long before the limit.
     res = run([sys.executable, "examples/train.py", *main_job_args(c), "--ranks", "2",
-               *device_args, "--json", str(path), "--time-limit", "400"], c.left(420))
+               *device_args, "--json", str(path), "--timeout", "30", "--time-limit", "400"],
+              c.left(420))
     if res["rc"] == 0 and path.exists():
         return {**json.loads(path.read_text()), "wall_s": res["wall_s"], "command": res["command"]}
     return {**res, "error": f"train.py {res['ended']}"}

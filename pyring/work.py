@@ -53,12 +53,17 @@ class Work:
         the collective's error, or CommTimeout when ``timeout`` seconds pass first (the
         collective itself keeps running).
 
-        On device buffers, as NCCL's: the caller's current stream waits for the results and
-        the host does not (an error already known is raised); ``synchronize()`` blocks."""
+        On device buffers: the host waits for the collective's host part (as gloo's CUDA
+        work does), then the caller's current stream waits for the results, and the host does
+        not wait for device work; ``synchronize()`` waits for that too. A stream made to wait
+        for results that pyring's thread has still to queue would deadlock the process against
+        any call that synchronizes the device meanwhile, on any thread (a kernel's module
+        loaded lazily, cudaMalloc, cudaHostAlloc, cudaFree, a copy to pageable memory)."""
         if self._ticket is not None:
+            if not self._work.wait(-1.0 if timeout is None else float(timeout)):
+                raise CommTimeout(f"Timed out: {self._work.description} not complete after "
+                                  f"{timeout} s")
             self._ticket.order_after(self._stream())
-            if self._work.is_completed():
-                self._work.wait(0.0)  # raises the collective's error
             return True
         return self.synchronize(timeout)
 

@@ -235,6 +235,28 @@ def test_launcher_names_a_rank_that_exited_and_one_that_hung(capfd):
     assert "(most recent call first)" in err and " in _exits_or_hangs" in err, err
 
 
+def _fails_or_hangs(rank, world, store):
+    if rank == 0:
+        raise RuntimeError("rank 0 gives up")
+    time.sleep(600)
+
+
+def test_ranks_left_hanging_after_a_failure_are_stopped_after_the_grace(monkeypatch):
+    """A rank stuck where no timeout reaches it (a deadlock in a driver) does not hold the job
+    to its whole limit once another rank has failed."""
+    from pyring import launch
+
+    monkeypatch.setattr(launch, "FAILURE_GRACE_S", 2.0)
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(2, _fails_or_hangs, timeout=300)
+    assert time.monotonic() - start < 30
+    failures = info.value.failures
+    assert failures[0][0] == "RuntimeError" and "rank 0 gives up" in failures[0][1], failures
+    assert failures[1][:2] == ("Hang", "no result 2 s after rank 0 failed, killed (its threads' "
+                               "stacks are on its stderr)"), failures
+
+
 # What a rank process saw as it imported this module (a forked rank imports it after taking
 # the launcher's environment).
 _AT_IMPORT = os.environ.get("PYRING_TEST_ADDED")

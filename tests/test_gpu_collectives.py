@@ -86,11 +86,13 @@ def test_collectives_on_one_gpu(world, bound):
 
 
 def growth_body(rank, world, store, bound):
-    """Collectives of growing sizes, each awaited on the caller's stream before it has run, so
-    that pyring outgrows its staging memory (staged) or its device scratch (bfloat16 on the
-    device ring) while that stream waits for the very collective that grows it. Freeing the
-    outgrown memory there deadlocked (cudaFreeHost synchronizes the device); this also shows
-    whether allocating it there blocks."""
+    """Collectives of growing sizes, each awaited with work.wait() before it has run, then the
+    device synchronized (as DDP's copies to the host do), so that pyring outgrows its staging
+    memory (staged) or its device scratch (bfloat16 on the device ring) and launches its
+    kernels for the first time around a waiting stream. On an H200 a stream made to wait for
+    results not yet queued hung the first collective on the device ring (cuda_ipc), and
+    freeing outgrown staging hung DDP (cudaFreeHost synchronizes the device); the sim runs the
+    same test (tests/test_sim_streams.py)."""
     import pyring
 
     dev = torch.device("cuda", 0)
@@ -101,6 +103,7 @@ def growth_body(rank, world, store, bound):
             for dtype in (torch.float32, torch.bfloat16):
                 x = torch.full((1000 * 4**k + k,), float(rank + k), device=dev, dtype=dtype)
                 comm.all_reduce(x, async_op=True).wait()
+                torch.cuda.synchronize(dev)
                 want = float(sum(r + k for r in range(world)))
                 if not bool((x.float() == want).all()):
                     bad.append(f"size #{k} {dtype}: {x[:3].tolist()} want {want}")

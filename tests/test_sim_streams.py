@@ -1,7 +1,7 @@
 """Stream semantics on the sim device, under random delays: a collective sees the work queued
 on the caller's stream before it, work queued after it sees the result, work.wait() orders the
-stream without blocking the host, and failures release the streams that wait. Also the refusals
-at the edge and the sim's IPC handles."""
+stream after the collective's host part without waiting for device work, and failures release
+the streams that wait. Also the refusals at the edge and the sim's IPC handles."""
 
 from __future__ import annotations
 
@@ -99,26 +99,35 @@ def test_one_rank_stays_on_the_device():
     assert crossed == 0, f"{crossed} bytes crossed to the host"
 
 
-def growth_body(rank, world, store):
-    """Staged collectives of growing sizes, each awaited on the stream (work.wait()) before
-    it runs: the staging memory it outgrows must not be freed while that stream waits for the
-    collective (freeing synchronizes the device: a deadlock on a GPU, an abort on the sim)."""
+def growth_body(rank, world, store, device):
+    """Collectives of growing sizes and two dtypes, each awaited with work.wait(), and the
+    device synchronized by the caller's thread right after it (as DDP does between its
+    collectives: a copy to pageable memory, an allocation, a kernel's first launch). A stream
+    made to wait for results not yet queued deadlocks against that call, and so does freeing
+    or allocating staging or scratch memory while a stream waits (the sim aborts, naming the
+    call; on a GPU it hangs). `device`: the rank's bound device (the ring on the device
+    buffers over sim IPC), or None (staged through the host)."""
     import pyring
+    from pyring import _C
     from pyring.testing import sim
 
     bad = []
-    with pyring.init(rank, world, store, set_default=False) as comm:
+    with pyring.init(rank, world, store, set_default=False, device=device) as comm:
         for k in range(6):
-            x = sim.SimArray(1000 * 4**k + k, torch.float32, 0).fill_(float(rank + k))
-            comm.all_reduce(x, async_op=True).wait()
-            got = x.to_host()
-            if not bool((got == float(2 * k + 1)).all()):
-                bad.append(f"size #{k}: {got[:3].tolist()}")
+            for dtype in (torch.float32, torch.bfloat16):
+                x = sim.SimArray(1000 * 4**k + k, dtype, 0).fill_(float(rank + k))
+                comm.all_reduce(x, async_op=True).wait()
+                _C.sim_synchronize_device(0)
+                got = x.to_host()
+                if not bool((got.float() == float(2 * k + 1)).all()):
+                    bad.append(f"size #{k} {dtype}: {got[:3].tolist()}")
     return bad
 
 
-def test_outgrown_staging_is_not_freed_under_a_waiting_stream():
-    assert run_ranks(2, growth_body, env={"PYRING_SIM_DELAY_US": "200"}, timeout=120) == [[], []]
+@pytest.mark.parametrize("device", [None, "sim:0"], ids=["staged", "resident"])
+def test_growing_collectives_with_the_device_synchronized_after_each_wait(device):
+    assert run_ranks(2, growth_body, device, env={"PYRING_SIM_DELAY_US": "200"},
+                     timeout=120) == [[], []]
 
 
 def nonblocking_body(rank, world, store):
@@ -126,23 +135,27 @@ def nonblocking_body(rank, world, store):
     from pyring.testing import sim
 
     with pyring.init(rank, world, store, set_default=False) as comm:
-        gate = threading.Event()
         x = sim.SimArray(1000, torch.float32, 0).fill_(rank + 1)
-        sim.current_stream(0).launch(lambda: gate.wait(30))  # the stream is busy until set
-        t0 = time.monotonic()
+        comm.all_reduce(x)  # the staging memory, allocated before the stream is held up
+        x.fill_(rank + 1)
+        stream = sim.current_stream(0)
         w = comm.all_reduce(x, async_op=True)
+        gate = threading.Event()
+        stream.launch(lambda: gate.wait(30))  # work after the collective, busy until set
+        t0 = time.monotonic()
         w.wait()
         waited = time.monotonic() - t0
-        pending = not w.is_completed()
         gate.set()
         got = x.to_host()
         w.synchronize()
-        return waited, pending, float(got[0]), w.is_completed()
+        return waited, float(got[0]), w.is_completed()
 
 
-def test_wait_does_not_block_the_host():
-    for waited, pending, value, completed in run_ranks(2, nonblocking_body, timeout=120):
-        assert waited < 5 and pending, "work.wait() blocked the host on a device collective"
+def test_wait_does_not_wait_for_device_work():
+    """work.wait() waits for the collective's host part, not for the caller's stream: it
+    returns while work queued after the collective still runs."""
+    for waited, value, completed in run_ranks(2, nonblocking_body, timeout=120):
+        assert waited < 5, "work.wait() waited for the caller's stream"
         assert value == 3.0 and completed
 
 
@@ -153,6 +166,9 @@ def timeout_body(rank, world, store):
     comm = pyring.init(rank, world, store, timeout=2, set_default=False)
     gate = threading.Event()
     x = sim.SimArray(10, torch.float32, 0)
+    # The device queue and its staging first: allocating them would wait for the held stream
+    # (allocating pinned memory may synchronize the device).
+    comm.all_reduce(x)
     sim.current_stream(0).launch(lambda: gate.wait(60))
     try:
         comm.all_reduce(x)

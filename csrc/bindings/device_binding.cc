@@ -26,9 +26,17 @@ double timeout_or(double timeout_s, double fallback) {
 void register_sim(py::module_& m) {
   m.def("sim_device_count", [] { return sim_runtime().device_count(); });
   m.def("sim_alloc", [](int index, size_t bytes) {
-    return reinterpret_cast<uintptr_t>(sim_runtime().alloc(index, bytes));
+    return reinterpret_cast<uintptr_t>(sim_runtime().alloc_cached(index, bytes));
   });
   m.def("sim_free", [](int index, uintptr_t p) { sim_runtime().release(index, ptr(p)); });
+  m.def(
+      "sim_synchronize_device",
+      [](int index) {
+        py::gil_scoped_release nogil;
+        sim_runtime().synchronize_device(index);
+      },
+      "What cudaDeviceSynchronize does (and cudaMalloc, cudaFree or a kernel's first launch "
+      "may): waits for every stream of the device, holding back other threads' work on it.");
   m.def("sim_allocated_bytes", [] { return sim_runtime().allocated_bytes(); });
   m.def("sim_create_stream", [](int index) { return sim_runtime().create_stream(index); });
   m.def("sim_destroy_stream", [](int index, StreamId s) {
@@ -40,6 +48,7 @@ void register_sim(py::module_& m) {
     sim_runtime().synchronize(index, s);
   });
   m.def("sim_copy", [](int index, uintptr_t dst, uintptr_t src, size_t bytes, StreamId s) {
+    py::gil_scoped_release nogil;
     sim_runtime().copy_async(index, ptr(dst), ptr(src), bytes, s);
   });
   m.def("sim_set_delay_us", [](int us) { sim_runtime().set_delay_us(us); });
@@ -48,6 +57,9 @@ void register_sim(py::module_& m) {
       [](int index, StreamId s, py::function fn) {
         // Runs on the stream's thread: takes the GIL, and drops `fn` while holding it.
         auto holder = std::make_shared<py::function>(std::move(fn));
+        // Without the GIL: a synchronizing call of another thread may hold the device until a
+        // stream has run an earlier fn, which takes the GIL.
+        py::gil_scoped_release nogil;
         sim_runtime().launch(index, s, [holder] {
           py::gil_scoped_acquire gil;
           std::string error;

@@ -44,6 +44,8 @@ std::shared_ptr<DevicePrepared> prepare(int kind, int index, uint32_t local_worl
   setup.slot_bytes = slot_bytes;
   setup.name = name;
   setup.senders = senders;
+  // Allocating device memory may wait for the device's streams: not with the GIL held.
+  py::gil_scoped_release nogil;
   for (const Transport* t : transports()) {
     if (t->memory() != Memory::kDevice) continue;
     try {

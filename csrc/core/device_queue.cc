@@ -82,6 +82,7 @@ void DeviceQueue::serve(uint64_t ticket, Deadline deadline, const std::function<
                    "the work queued on the caller's stream before the collective");
     body();
     rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
+    note_done_queued(ticket);
   } catch (...) {
     release(ticket);
     throw;
@@ -187,9 +188,21 @@ void DeviceQueue::release(uint64_t ticket) noexcept {
   uint64_t cur = f.load();
   while (cur < ticket && !f.compare_exchange_weak(cur, ticket)) {
   }
+  note_done_queued(ticket);
+}
+
+void DeviceQueue::note_done_queued(uint64_t ticket) noexcept {
+  uint64_t cur = done_queued_.load();
+  while (cur < ticket && !done_queued_.compare_exchange_weak(cur, ticket)) {
+  }
 }
 
 void DeviceQueue::order_after(StreamId stream, uint64_t ticket) {
+  // Tickets are served in order: the latest one queued covers every earlier one.
+  PYRING_CHECK(done_queued_.load() >= ticket, CommError, "device collective #", ticket, " on ",
+               device_.str(),
+               " has not queued its results yet: a stream may wait for it only after its host "
+               "part has ended (wait for the work on the host first)");
   rt_.wait_flag(device_.index, stream, &slot(done_, ticket), ticket);
 }
 

@@ -9,7 +9,12 @@
 //   staging memory on pyring's own stream, runs the host collective, queues the copies of the
 //   outputs back and the raise of the ticket's "done" flag after them;
 // - order_after() (caller's thread) queues on a stream a wait for "done": work queued after it
-//   sees the result, and the host is not blocked.
+//   sees the result, and the host is not blocked. It is called only once the ticket's "done"
+//   raise is queued (or the ticket released), and throws CommError otherwise: a stream waiting
+//   for a flag that this thread has still to queue would deadlock the process against any call
+//   that synchronizes the device meanwhile (allocating or freeing device or pinned memory,
+//   loading a kernel's module lazily, a copy to pageable memory), on any of its threads. An
+//   async collective's wait() therefore waits on the host for the collective's host part first.
 // A ticket whose collective fails or times out still has its done flag raised (after pyring's
 // stream drains), so that no stream waits forever; its outputs are then unspecified.
 //
@@ -93,7 +98,8 @@ class DeviceQueue {
   // Memory of this queue's device (host: pinned, from alloc_host) that nothing will use once
   // the tickets entered so far are done; freed as the header says. Any thread.
   void retire(void* p, bool host);
-  // Caller's thread: queues on `stream` a wait for the ticket's done flag.
+  // Caller's thread: queues on `stream` a wait for the ticket's done flag, once its raise is
+  // queued (see the header); CommError before then.
   void order_after(StreamId stream, uint64_t ticket);
   // Raises the ticket's done flag from the host once pyring's stream has drained: for a ticket
   // whose collective failed, or never ran (the communicator broke, or closed, first).
@@ -112,6 +118,8 @@ class DeviceQueue {
   void serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body);
   // Raises the ticket's done flag from the host once pyring's stream has drained.
   void release(uint64_t ticket) noexcept;
+  // The ticket's done raise is queued (or done).
+  void note_done_queued(uint64_t ticket) noexcept;
   uint8_t* staging(size_t bytes);
   // p, of `capacity` bytes, grown to `bytes` (host: pinned memory, else device memory) once
   // pyring's stream has drained.
@@ -134,6 +142,7 @@ class DeviceQueue {
   Flag* done_ = nullptr;
   Flag* copied_ = nullptr;
   std::atomic<uint64_t> next_ticket_{0};
+  std::atomic<uint64_t> done_queued_{0};  // tickets up to this one have their done raise queued
   std::atomic<uint64_t> host_device_bytes_{0};
   uint8_t* staging_ = nullptr;  // touched only by the running collective
   size_t staging_bytes_ = 0;

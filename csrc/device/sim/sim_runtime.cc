@@ -11,6 +11,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <shared_mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,6 +45,7 @@ static_assert(sizeof(SimIpc) <= sizeof(IpcHandle::bytes), "SimIpc must fit an Ip
 class Sim final : public SimRuntime {
  public:
   Sim() : devices_(env_int("PYRING_SIM_DEVICES", kSimDefaultDevices)) {
+    for (int i = 0; i < devices_; ++i) device_mu_.push_back(std::make_unique<std::shared_mutex>());
     delay_us_.store(env_int("PYRING_SIM_DELAY_US", 0));
     const char* ipc = std::getenv("PYRING_SIM_IPC");
     refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;
@@ -53,22 +56,28 @@ class Sim final : public SimRuntime {
 
   void* alloc(int index, size_t bytes) override {
     check(index);
+    Quiesce q = quiesce(index, "alloc");
+    return arena_.alloc(bytes, where(index).c_str());
+  }
+  void* alloc_cached(int index, size_t bytes) override {
+    check(index);
     return arena_.alloc(bytes, where(index).c_str());
   }
   void free(int index, void* p) noexcept override {
-    wait_device(index, "free");
+    Quiesce q = quiesce(index, "free");
     arena_.free(p);
   }
   void release(int, void* p) noexcept override { arena_.free(p); }
 
   void* alloc_host(int index, size_t bytes) override {
     check(index);
+    Quiesce q = quiesce(index, "alloc_host");
     void* p = std::calloc(1, bytes == 0 ? 1 : bytes);
     PYRING_CHECK(p != nullptr, CudaError, "sim alloc_host of ", bytes, " bytes failed");
     return p;
   }
   void free_host(int index, void* p) noexcept override {
-    wait_device(index, "free_host");
+    Quiesce q = quiesce(index, "free_host");
     std::free(p);
   }
 
@@ -92,19 +101,23 @@ class Sim final : public SimRuntime {
   }
 
   void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
-    stream(index, s).enqueue([=] { std::memcpy(dst, src, bytes); });
+    submit(index, s, [=] { std::memcpy(dst, src, bytes); });
   }
 
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
-    stream(index, s).enqueue([=] { raise(flag, value); });
+    submit(index, s, [=] { raise(flag, value); });
   }
 
   void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
     SimStream* st = &stream(index, s);
-    st->enqueue([=] {
+    submit(index, s, [=] {
+      if (flag->load(std::memory_order_acquire) >= value) return;
+      st->set_waiting(
+          str_cat("a wait for the flag at ", static_cast<const void*>(flag), " to reach ", value));
       while (flag->load(std::memory_order_acquire) < value && !st->stopping()) {
         std::this_thread::sleep_for(std::chrono::microseconds(10));
       }
+      st->set_waiting("");
     });
   }
 
@@ -112,24 +125,29 @@ class Sim final : public SimRuntime {
 
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                          void* acc, size_t n, StreamId s) override {
-    stream(index, s).enqueue([=] { pyring::reduce_accumulate(dtype, op, a, b, acc, n); });
+    load(index, Kernel::kReduceAccumulate);
+    submit(index, s, [=] { pyring::reduce_accumulate(dtype, op, a, b, acc, n); });
   }
   void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
                      size_t n, int world, StreamId s) override {
-    stream(index, s).enqueue([=] { pyring::reduce_finish(dtype, op, a, b, out, n, world); });
+    load(index, Kernel::kReduceFinish);
+    submit(index, s, [=] { pyring::reduce_finish(dtype, op, a, b, out, n, world); });
   }
   void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
                    int world, StreamId s) override {
-    stream(index, s).enqueue([=] { pyring::finish_wide(dtype, op, acc, out, n, world); });
+    load(index, Kernel::kFinishWide);
+    submit(index, s, [=] { pyring::finish_wide(dtype, op, acc, out, n, world); });
   }
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
-    stream(index, s).enqueue([=] { wire_cast(from, to, in, out, n); });
+    load(index, Kernel::kCast);
+    submit(index, s, [=] { wire_cast(from, to, in, out, n); });
   }
   size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
                        uint8_t* out, OnebitHeader* header, StreamId s) override {
+    load(index, Kernel::kOnebitEncode);
     size_t bytes = 0;
-    stream(index, s).enqueue([=, &bytes] {
+    submit(index, s, [=, &bytes] {
       float p = pending;
       bytes = pyring::onebit_encode_deferred(in, residual, residual ? &p : nullptr, n, out);
       std::memcpy(header, out, sizeof(OnebitHeader));
@@ -139,10 +157,11 @@ class Sim final : public SimRuntime {
   }
   void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
                      float alpha, bool accumulate, float* out, StreamId s) override {
+    load(index, Kernel::kOnebitDecode);
     // The host decoder reads the header in front of the signs: the caller's, as on the device.
     OnebitHeader h = header;
     PYRING_CHECK_ARG(h.zeros != kMaskCached, "device segments never use the mask caches");
-    stream(index, s).enqueue([=] {
+    submit(index, s, [=] {
       const size_t payload = onebit_max_bytes(n) - sizeof(OnebitHeader);
       std::unique_ptr<uint8_t[]> seg(new uint8_t[sizeof(OnebitHeader) + payload]);
       std::memcpy(seg.get(), &h, sizeof h);
@@ -192,7 +211,11 @@ class Sim final : public SimRuntime {
   }
 
   void launch(int index, StreamId s, std::function<void()> fn) override {
-    stream(index, s).enqueue(std::move(fn));
+    submit(index, s, std::move(fn));
+  }
+  void synchronize_device(int index) override {
+    check(index);
+    Quiesce q = quiesce(index, "synchronize_device");
   }
   void set_delay_us(int us) override { delay_us_.store(us < 0 ? 0 : us); }
   size_t allocated_bytes() override { return arena_.allocated_bytes(); }
@@ -204,22 +227,58 @@ class Sim final : public SimRuntime {
     }
   }
   std::string where(int index) const { return str_cat("sim:", index); }
-  // What cudaFree does first: waits for every stream of the device (see the header).
+  enum class Kernel {
+    kReduceAccumulate,
+    kReduceFinish,
+    kFinishWide,
+    kCast,
+    kOnebitEncode,
+    kOnebitDecode
+  };
+  // The first launch of `k` on device `index` loads its module: a synchronizing call.
+  void load(int index, Kernel k) {
+    check(index);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!loaded_.insert({index, static_cast<int>(k)}).second) return;
+    }
+    Quiesce q = quiesce(index, "the first launch of a kernel (its module loaded lazily)");
+  }
+  // Queues fn on stream s of device `index`, as a runtime call that a synchronizing call of
+  // another thread holds back (see the header).
+  void submit(int index, StreamId s, std::function<void()> fn) {
+    check(index);
+    std::shared_lock<std::shared_mutex> lock(*device_mu_[static_cast<size_t>(index)]);
+    stream(index, s).enqueue(std::move(fn));
+  }
+  // A synchronizing call's hold on device `index`: no other thread queues work on it until the
+  // call returns, and every stream of the device has drained (see the header).
+  using Quiesce = std::unique_lock<std::shared_mutex>;
+  Quiesce quiesce(int index, const char* what) noexcept {
+    if (index < 0 || index >= devices_) return Quiesce();
+    Quiesce hold(*device_mu_[static_cast<size_t>(index)]);
+    wait_device(index, what);
+    return hold;
+  }
+  // Waits for every stream of the device; aborts after kSimFreeWaitS (see the header).
   void wait_device(int index, const char* what) noexcept {
-    std::vector<std::shared_ptr<SimStream>> all;
+    std::vector<std::pair<StreamId, std::shared_ptr<SimStream>>> all;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [key, st] : streams_) {
-        if (key.first == index) all.push_back(st);
+        if (key.first == index) all.emplace_back(key.second, st);
       }
     }
-    for (const auto& st : all) {
+    for (const auto& [id, st] : all) {
       if (st->drain_for(std::chrono::seconds(kSimFreeWaitS))) continue;
+      const std::string waiting = st->waiting();
       std::fprintf(stderr,
-                   "pyring sim: %s on sim:%d waited %d s for a stream of the device, which is "
-                   "still busy: on a GPU this %s would wait for it forever (cudaFree and "
-                   "cudaFreeHost synchronize the device)\n",
-                   what, index, kSimFreeWaitS, what);
+                   "pyring sim: %s on sim:%d waited %d s for its stream %llu, which is still "
+                   "busy%s%s: on a GPU this %s would wait for it forever (it synchronizes the "
+                   "device, as cudaMalloc, cudaHostAlloc, cudaFree and a kernel's first launch "
+                   "may)\n",
+                   what, index, kSimFreeWaitS, static_cast<unsigned long long>(id),
+                   waiting.empty() ? "" : " with ", waiting.c_str(), what);
       std::abort();
     }
   }
@@ -244,8 +303,10 @@ class Sim final : public SimRuntime {
   bool refuse_ipc_ = false;
   std::atomic<int> delay_us_{0};
   SimArena arena_;
+  std::vector<std::unique_ptr<std::shared_mutex>> device_mu_;  // one per device (quiesce)
   std::mutex mu_;
-  std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;                  // guarded by mu_
+  std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
+  std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_
   std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_
   StreamId next_stream_ = 1;                                                // guarded by mu_
 };

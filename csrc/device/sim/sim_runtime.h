@@ -4,11 +4,16 @@
 //   pid, file descriptor and the offset) maps it in another process of this host.
 // - Streams: one worker thread per stream runs its queue in order. PYRING_SIM_DELAY_US=D sleeps
 //   a random 0..D microseconds before every operation, so that a missing wait shows.
-// - Freeing: free() and free_host() first wait for every stream of the device, as cudaFree and
-//   cudaFreeHost synchronize the device; one that is still busy after kSimFreeWaitS (a stream
-//   waiting on work that only the freeing thread would queue: a deadlock on a GPU) aborts the
-//   process with a message saying so. release() frees without waiting, stream-ordered frees of
-//   a caching allocator's kind (pyring.testing.sim_torch).
+// - Synchronizing calls: alloc(), alloc_host(), free() and free_host() hold the device as CUDA
+//   may (cudaMalloc, cudaHostAlloc, cudaFree and cudaFreeHost can synchronize the device, and
+//   loading a kernel's module lazily does): until they return, no other thread of the process
+//   queues work on the device, and they first wait for every stream of the device. One that is
+//   still busy after kSimFreeWaitS (a stream waiting on work that only a held-back or the calling
+//   thread would queue: a deadlock on a GPU) aborts the process with a message saying so.
+//   alloc_cached() and release() neither wait nor hold: a caching allocator's allocations from
+//   its pool and stream-ordered frees (pyring.testing.sim_torch). The first launch of each
+//   kernel on a device in a process does the same as the synchronizing calls (CUDA loads a
+//   kernel's module lazily, at its first launch).
 // - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
 // - Kernels: the host kernels, run on the stream's thread.
 // - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse
@@ -30,6 +35,10 @@ class SimRuntime : public DeviceRuntime {
   virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
   // The delay bound in microseconds now in force; tests change it between phases.
   virtual void set_delay_us(int us) = 0;
+  // What cudaDeviceSynchronize does, holding the device as the synchronizing calls do.
+  virtual void synchronize_device(int index) = 0;
+  // Device memory, as alloc() gives, without holding the device or waiting for its streams.
+  virtual void* alloc_cached(int index, size_t bytes) = 0;
   // Frees device memory from alloc() without waiting for the device's streams.
   virtual void release(int index, void* p) noexcept = 0;
   // Bytes of device memory allocated and not freed, over every device.

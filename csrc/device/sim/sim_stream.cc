@@ -46,6 +46,16 @@ bool SimStream::drain_for(std::chrono::milliseconds limit) {
   return cv_.wait_for(lock, limit, [&] { return done_ >= target; });
 }
 
+void SimStream::set_waiting(std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiting_ = std::move(what);
+}
+
+std::string SimStream::waiting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
+}
+
 void SimStream::run() {
   std::minstd_rand rng(std::random_device{}());
   std::unique_lock<std::mutex> lock(mu_);

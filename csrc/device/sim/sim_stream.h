@@ -32,6 +32,9 @@ class SimStream {
   bool drain_for(std::chrono::milliseconds limit);
   // True once the stream is being destroyed: a wait inside an operation should give up.
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  // What the running operation waits for ("" when it does not), for messages.
+  void set_waiting(std::string what);
+  std::string waiting();
 
  private:
   void run();
@@ -43,6 +46,7 @@ class SimStream {
   uint64_t queued_ = 0;  // guarded by mu_
   uint64_t done_ = 0;    // guarded by mu_
   std::string error_;    // guarded by mu_
+  std::string waiting_;  // guarded by mu_
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
