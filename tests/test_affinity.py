@@ -4,6 +4,7 @@ bound to its share of the CPUs at init; otherwise nothing is touched."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -67,8 +68,13 @@ def _own_threads(rank, world, store):
     comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
     t = torch.ones(8)
     done = []
-    work = comm.all_reduce(t, async_op=True)
-    work.get_future().then(lambda f: done.append(1)).wait()  # starts a callback thread
+    # A callback thread starts for a future made while its work is pending (one made after
+    # runs its callbacks at once): each rank, in turn, enters first, the other late.
+    for late in (1, 0):
+        if rank == late:
+            time.sleep(0.3)
+        work = comm.all_reduce(t, async_op=True)
+        work.get_future().then(lambda f: done.append(1)).wait()
     comm.send(t, dst=1 - rank) if rank == 0 else comm.recv(t, src=0)
     threads = {}
     for task in os.listdir("/proc/self/task"):
