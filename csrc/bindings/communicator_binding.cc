@@ -146,6 +146,12 @@ void register_communicator(py::module_& m) {
             // reference to `fn` while holding it.
             auto holder = std::make_shared<py::function>(std::move(fn));
             w.add_callback([holder](std::exception_ptr err) {
+              // At interpreter exit taking the GIL ends this thread by unwinding it (pthread_exit)
+              // through frames that may not unwind: the callback and its reference are left.
+              if (python_finalizing()) {
+                holder->release();  // forgets fn without touching the interpreter
+                return;
+              }
               py::gil_scoped_acquire gil;
               try {
                 (*holder)(err ? to_python_exception(err) : py::none());
