@@ -105,7 +105,11 @@ void register_device(py::module_& m) {
                              [](const DeviceTicket& t) { return t.queue->device().str(); })
       .def(
           "order_after",
-          [](const DeviceTicket& t, StreamId stream) { t.queue->order_after(stream, t.ticket); },
+          [](const DeviceTicket& t, StreamId stream) {
+            // Queueing may wait behind another thread's synchronizing call: not with the GIL.
+            py::gil_scoped_release nogil;
+            t.queue->order_after(stream, t.ticket);
+          },
           py::arg("stream"), "Queues on `stream` a wait for the collective's device results.")
       .def("done", [](const DeviceTicket& t) { return t.queue->done(t.ticket); })
       .def(

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 
 #include "core/errors.h"
 
@@ -48,9 +47,7 @@ ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
       nslots_(mine_->header()->nslots),
       slot_bytes_(mine_->header()->slot_bytes),
       rotate_step_((slot_bytes_ / kLaps) / kRotateAlign * kRotateAlign),
-      copier_(copy, slot_bytes_) {
-  std::fill(std::begin(filled_with_), std::end(filled_with_), static_cast<int8_t>(-1));
-}
+      copier_(copy, slot_bytes_) {}
 
 size_t ShmLink::rotation(uint64_t k) const {
   return static_cast<size_t>((k / nslots_) % kLaps) * rotate_step_;
@@ -84,9 +81,6 @@ bool ShmLink::progress_send() {
       if (head_ - tail_seen_ >= nslots_) break;
     }
     uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
-    if (filled_with_[slot] >= 0 && out_->read_cost[slot] != 0) {  // released: tail acquired
-      copier_.note_read(filled_with_[slot] != 0, out_->read_cost[slot]);
-    }
     // Where the first send's rest would start: at 0 only where it does not fit behind the
     // rotation, so that what is packed behind it (never past cap) starts there too.
     const Send& first = sends_.front();
@@ -96,19 +90,15 @@ bool ShmLink::progress_send() {
     // Small messages share a slot (a header and the data behind it), starting at multiples of
     // kPieceAlign so that every message's pieces stay whole elements.
     size_t fill = 0;
-    int8_t with = -1;
     do {
       Send& s = sends_.front();
       size_t n = std::min<size_t>(cap - fill, s.bytes - s.done);
-      const bool streamed = copier_.copy(dst + fill, s.data + s.done, n);
-      if (streamed) count_streamed(n);
-      with = fill == 0 && copier_.timed(n) ? static_cast<int8_t>(streamed) : -1;
+      if (copier_.copy(dst + fill, s.data + s.done, n)) count_streamed(n);
       fill += n;
       s.done += n;
       if (s.done < s.bytes) break;
       sends_.pop_front();
     } while (!sends_.empty() && fill % kPieceAlign == 0 && fill < cap);
-    filled_with_[slot] = with;
     out_->lens[slot] = static_cast<uint32_t>(fill);
     ++head_;
     out_->head.store(head_, std::memory_order_seq_cst);
@@ -134,24 +124,16 @@ bool ShmLink::progress_recv() {
     size_t n = std::min(len - slot_offset_, r.spec.bytes - r.done);
     const uint8_t* src =
         mine_->inbox_slot(peer_local_, slot) + data_start(tail_, len) + slot_offset_;
-    const uint64_t t0 = cycle_ticks();
     if (r.spec.copy_to) {
       std::memcpy(r.spec.copy_to + r.done, src, n);
       src = r.spec.copy_to + r.done;
     }
     if (r.spec.on_piece) r.spec.on_piece(src, r.done, n);
-    read_ticks_ += cycle_ticks() - t0;
     r.done += n;
     count_received(n);
     slot_offset_ += n;
     moved = true;
     if (slot_offset_ == len) {
-      const uint64_t per_kib = read_ticks_ * 1024 / len;
-      in_->read_cost[slot] =
-          len < SlotCopier::kTimedBytes
-              ? 0
-              : static_cast<uint32_t>(std::min<uint64_t>(per_kib == 0 ? 1 : per_kib, UINT32_MAX));
-      read_ticks_ = 0;
       slot_offset_ = 0;
       ++tail_;
       in_->tail.store(tail_, std::memory_order_seq_cst);

@@ -75,10 +75,6 @@ class ShmLink : public Link {
   uint64_t head_seen_ = 0;  // last observed peer head
   size_t slot_offset_ = 0;  // bytes of slot tail_ already consumed
   SlotCopier copier_;
-  // How each slot to the peer was last filled: -1 not by one timed copy, else whether it
-  // streamed (its read cost, once released, goes to copier_).
-  int8_t filled_with_[kMaxSlots];
-  uint64_t read_ticks_ = 0;  // spent consuming slot tail_ so far
   std::deque<Send> sends_;
   std::deque<Recv> recvs_;
   bool aborted_ = false;

@@ -34,8 +34,6 @@ struct InboxControl {
   alignas(64) std::atomic<uint64_t> head;  // slots published by the sender
   uint32_t lens[kMaxSlots];                // bytes used in each slot, written before head
   alignas(64) std::atomic<uint64_t> tail;  // slots released by the receiver
-  // The receiver's ticks per KiB to consume each slot (0: not timed), written before tail.
-  uint32_t read_cost[kMaxSlots];
 };
 
 class ShmSegment {

@@ -62,19 +62,10 @@ uint64_t SlotCopier::Samples::median() const {
   return sorted[kSamples / 2];
 }
 
-void SlotCopier::note_read(bool streaming, uint64_t ticks_per_kib) {
-  Samples& s = read_[streaming];
-  s.ticks[s.n++ % kSamples] = ticks_per_kib;
-}
-
 bool SlotCopier::pick_streaming() {
   ++count_;
   if (cost_[1].n < kSamples) return count_ % 2 == 0;
-  if (read_[0].n >= kSamples && read_[1].n >= kSamples) {
-    far_ = cost_[1].median() + read_[1].median() < cost_[0].median() + read_[0].median();
-  } else {
-    far_ = cost_[1].median() * 2 < cost_[0].median();
-  }
+  far_ = cost_[1].median() * 2 < cost_[0].median();
   return count_ % kExploreEvery == 0 ? !far_ : far_;
 }
 

@@ -25,11 +25,8 @@ const char* shm_copy_name(ShmCopy c);
 // - the first 2 * kSamples alternate between the methods;
 // - a method's cost is the median ticks per KiB of its last kSamples copies (a copy the
 //   scheduler interrupted does not count), a streaming copy timed up to its store fence;
-// - the reader of each slot times how long it took to consume it (ShmLink: the copy out or the
-//   reduce of its data), per KiB, and the writer takes that back with the slot (note_read);
-//   streaming is used while the writer's plus the reader's cost is the lower, the medians of
-//   each method's last kSamples slots; until both methods have such samples, while streaming
-//   costs the writer under half of memcpy (the reader then reads from memory, not a cache);
+// - streaming is used while it costs under half of memcpy, because the writer's clock does not
+//   see that the reader then reads from memory instead of a cache;
 // - the method not in use is retried every kExploreEvery-th copy.
 // Copies from kMinBytes to kTimedBytes take the timed copies' last choice (memcpy before
 // there is one). Copies below kMinBytes, and every copy off x86-64, use memcpy.
@@ -41,15 +38,6 @@ const char* shm_copy_name(ShmCopy c);
 // no longer holds: with the cores near, a 2-rank 64 KiB allreduce took 5.3 us with memcpy and
 // 10.8 us streaming; with the cores far, streaming is still the faster by 3x and more, which
 // the timed copies see (memcpy then costs the writer several times more).
-// The timestamp counter (0 off x86-64: nothing is then timed).
-inline uint64_t cycle_ticks() {
-#if defined(__x86_64__)
-  return __builtin_ia32_rdtsc();
-#else
-  return 0;
-#endif
-}
-
 class SlotCopier {
  public:
   static constexpr size_t kMinBytes = 4 * 1024;
@@ -61,10 +49,6 @@ class SlotCopier {
       : mode_(mode), timed_from_(slot_bytes < kTimedBytes ? slot_bytes : kTimedBytes) {}
   // Returns true when the copy used non-temporal stores. Either way, the copied bytes are
   // ordered before every store that follows (the publication of the slot).
-  // Whether a copy of n bytes is timed: the reader's cost of its slot then counts.
-  bool timed(size_t n) const { return mode_ == ShmCopy::kAuto && n >= timed_from_; }
-  // The reader's ticks per KiB for a slot filled by one timed copy, streaming or not.
-  void note_read(bool streaming, uint64_t ticks_per_kib);
   bool copy(uint8_t* dst, const uint8_t* src, size_t n) {
     if (n < kMinBytes) {
       std::memcpy(dst, src, n);
@@ -86,8 +70,7 @@ class SlotCopier {
 
   ShmCopy mode_;
   size_t timed_from_;  // kAuto times copies of this size and more
-  Samples cost_[2];    // {memcpy, non-temporal}: the writer's
-  Samples read_[2];    // the same: the reader's
+  Samples cost_[2];    // {memcpy, non-temporal}
   uint32_t count_ = 0;
   bool far_ = false;  // the timed copies' last choice, before exploration
 };
