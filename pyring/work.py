@@ -60,19 +60,21 @@ class Work:
         any call that synchronizes the device meanwhile, on any thread (a kernel's module
         loaded lazily, cudaMalloc, cudaHostAlloc, cudaFree, a copy to pageable memory)."""
         if self._ticket is not None:
-            if not self._work.wait(-1.0 if timeout is None else float(timeout)):
-                raise CommTimeout(f"Timed out: {self._work.description} not complete after "
-                                  f"{timeout} s")
+            self._wait_host(timeout)
             self._ticket.order_after(self._stream())
             return True
         return self.synchronize(timeout)
 
-    def synchronize(self, timeout: float | None = None) -> bool:
-        """Blocks the host until the results are in place (on the device, for device buffers)
-        and returns True; raises as wait() does."""
+    def _wait_host(self, timeout: float | None) -> None:
+        """Blocks until the collective's host part has ended; raises its error, or CommTimeout."""
         if not self._work.wait(-1.0 if timeout is None else float(timeout)):
             raise CommTimeout(f"Timed out: {self._work.description} not complete after "
                               f"{timeout} s")
+
+    def synchronize(self, timeout: float | None = None) -> bool:
+        """Blocks the host until the results are in place (on the device, for device buffers)
+        and returns True; raises as wait() does."""
+        self._wait_host(timeout)
         self._run_finish()
         if self._ticket is not None:
             self._ticket.wait_done(-1.0 if timeout is None else float(timeout))

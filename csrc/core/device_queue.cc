@@ -82,7 +82,7 @@ void DeviceQueue::serve(uint64_t ticket, Deadline deadline, const std::function<
                    "the work queued on the caller's stream before the collective");
     body();
     rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
-    note_done_queued(ticket);
+    raise_flag(done_queued_, ticket);
   } catch (...) {
     release(ticket);
     throw;
@@ -184,17 +184,8 @@ void DeviceQueue::release(uint64_t ticket) noexcept {
     rt_.synchronize(device_.index, stream_);
   } catch (const std::exception&) {  // the stream is broken: nothing of it will write the flag
   }
-  Flag& f = slot(done_, ticket);
-  uint64_t cur = f.load();
-  while (cur < ticket && !f.compare_exchange_weak(cur, ticket)) {
-  }
-  note_done_queued(ticket);
-}
-
-void DeviceQueue::note_done_queued(uint64_t ticket) noexcept {
-  uint64_t cur = done_queued_.load();
-  while (cur < ticket && !done_queued_.compare_exchange_weak(cur, ticket)) {
-  }
+  raise_flag(slot(done_, ticket), ticket);
+  raise_flag(done_queued_, ticket);
 }
 
 void DeviceQueue::order_after(StreamId stream, uint64_t ticket) {

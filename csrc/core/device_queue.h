@@ -118,8 +118,6 @@ class DeviceQueue {
   void serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body);
   // Raises the ticket's done flag from the host once pyring's stream has drained.
   void release(uint64_t ticket) noexcept;
-  // The ticket's done raise is queued (or done).
-  void note_done_queued(uint64_t ticket) noexcept;
   uint8_t* staging(size_t bytes);
   // p, of `capacity` bytes, grown to `bytes` (host: pinned memory, else device memory) once
   // pyring's stream has drained.
@@ -142,7 +140,7 @@ class DeviceQueue {
   Flag* done_ = nullptr;
   Flag* copied_ = nullptr;
   std::atomic<uint64_t> next_ticket_{0};
-  std::atomic<uint64_t> done_queued_{0};  // tickets up to this one have their done raise queued
+  Flag done_queued_{0};  // tickets up to this one have their done raise queued (or done)
   std::atomic<uint64_t> host_device_bytes_{0};
   uint8_t* staging_ = nullptr;  // touched only by the running collective
   size_t staging_bytes_ = 0;

@@ -21,6 +21,13 @@ namespace pyring {
 
 using Flag = std::atomic<uint64_t>;
 
+// Raises `flag` to `value` unless it is already there or past (any thread).
+inline void raise_flag(Flag& flag, uint64_t value) {
+  uint64_t cur = flag.load();
+  while (cur < value && !flag.compare_exchange_weak(cur, value)) {
+  }
+}
+
 // An allocation another process of this host can map: opaque bytes, published through the
 // store.
 struct IpcHandle {

@@ -105,7 +105,7 @@ class Sim final : public SimRuntime {
   }
 
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
-    submit(index, s, [=] { raise(flag, value); });
+    submit(index, s, [=] { raise_flag(*flag, value); });
   }
 
   void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
@@ -221,11 +221,6 @@ class Sim final : public SimRuntime {
   size_t allocated_bytes() override { return arena_.allocated_bytes(); }
 
  private:
-  static void raise(Flag* flag, uint64_t value) {
-    uint64_t cur = flag->load(std::memory_order_relaxed);
-    while (cur < value && !flag->compare_exchange_weak(cur, value, std::memory_order_release)) {
-    }
-  }
   std::string where(int index) const { return str_cat("sim:", index); }
   enum class Kernel {
     kReduceAccumulate,
