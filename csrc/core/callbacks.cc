@@ -9,33 +9,34 @@ CallbackRunner::~CallbackRunner() {
 }
 
 void CallbackRunner::post(std::function<void()> task) {
+  State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      queue_.push_back(std::move(task));
-      if (idle_ < static_cast<int>(queue_.size()) &&
-          static_cast<int>(threads_.size()) < kMaxThreads) {
-        threads_.emplace_back([this] {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.stopping) {
+      s.queue.push_back(std::move(task));
+      if (s.idle < static_cast<int>(s.queue.size()) &&
+          static_cast<int>(s.threads.size()) < kMaxThreads) {
+        s.threads.emplace_back([held = state_] {
           name_this_thread(kCallbackThreadName);
-          loop();
+          loop(*held);
         });
       }
-      cv_.notify_one();
+      s.cv.notify_one();
       return;
     }
   }
   task();
 }
 
-void CallbackRunner::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+void CallbackRunner::loop(State& s) {
+  std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
-    ++idle_;
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    --idle_;
-    if (queue_.empty()) return;  // stopping, nothing left
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
+    ++s.idle;
+    s.cv.wait(lock, [&s] { return s.stopping || !s.queue.empty(); });
+    --s.idle;
+    if (s.queue.empty()) return;  // stopping, nothing left
+    auto task = std::move(s.queue.front());
+    s.queue.pop_front();
     lock.unlock();
     task();
     task = nullptr;  // the task's captures go before the lock is retaken
@@ -44,16 +45,17 @@ void CallbackRunner::loop() {
 }
 
 void CallbackRunner::stop() {
+  State& s = *state_;
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-    threads.swap(threads_);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.stopping = true;
+    threads.swap(s.threads);
   }
-  cv_.notify_all();
+  s.cv.notify_all();
   for (auto& t : threads) {
     if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // a callback that closed its own communicator
+      t.detach();  // a callback that closed its own communicator, or released the runner
     } else {
       t.join();
     }

@@ -5,11 +5,16 @@
 // a runner thread instead. Tasks start in the order they were posted; when every runner thread
 // is busy (a callback blocked on a later collective, whose own callbacks must run meanwhile) a
 // thread is added, up to kMaxThreads. Threads start on the first post.
+//
+// A task may drop the last reference to its runner (a callback that releases the communicator
+// and its works): the runner is then destroyed on its own thread, which is detached and keeps
+// the queue's state alive until it has left its loop.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,14 +36,18 @@ class CallbackRunner {
   void stop();
 
  private:
-  void loop();
+  // Shared by the runner and its threads, each of which holds it until it returns.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;  // guarded by mu
+    std::vector<std::thread> threads;         // guarded by mu
+    int idle = 0;                             // threads waiting for a task; guarded by mu
+    bool stopping = false;                    // guarded by mu
+  };
+  static void loop(State& s);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  std::vector<std::thread> threads_;         // guarded by mu_
-  int idle_ = 0;                             // threads waiting for a task; guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace pyring

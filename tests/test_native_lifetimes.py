@@ -1,0 +1,77 @@
+"""Native lifetimes under AddressSanitizer and UndefinedBehaviorSanitizer
+(tests/native/callback_lifetime.cc), and the same case end to end: a completion callback that
+drops the last reference to its communicator.
+
+The native program builds with the system's C++ compiler and its ASan runtime; it skips, saying
+so, where neither g++ nor clang++ can link one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = ["tests/native/callback_lifetime.cc", "csrc/core/callbacks.cc"]
+FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
+         "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+
+
+def _build(out: str) -> str:
+    cxx = next((c for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)),
+               None)
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or clang++) for the sanitized native test")
+    proc = subprocess.run([cxx, *FLAGS, "-I", os.path.join(ROOT, "csrc"),
+                           *(os.path.join(ROOT, s) for s in SOURCES), "-o", out],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and ("lasan" in proc.stderr or "libasan" in proc.stderr):
+        pytest.skip(f"{cxx} has no AddressSanitizer runtime: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, f"the native test did not build:\n{proc.stderr[-4000:]}"
+    return out
+
+
+def test_callback_runner_released_or_stopped_by_its_own_task(tmp_path):
+    exe = _build(str(tmp_path / "callback_lifetime"))
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-6000:]
+
+
+_DROPS_ITS_COMMUNICATOR = textwrap.dedent("""
+    import gc, sys, threading
+    import torch, torch.distributed as dist
+    import pyring
+
+    refs = []
+    for _ in range(10):
+        comm = pyring.init(0, 1, dist.HashStore(), set_default=False)
+        fut = comm.all_reduce(torch.ones(1 << 16), async_op=True).get_future()
+        done = threading.Event()
+        held = [comm]
+
+        def drop(f, held=held, done=done):
+            refs.append(sys.getrefcount(held[0]))  # 2: the list's and the argument's
+            held.clear()  # the communicator, its threads' engine and its runner go here
+            done.set()
+
+        del comm
+        fut.then(drop)
+        del fut, held
+        gc.collect()
+        assert done.wait(30), "the callback did not run"
+    print("refs", sorted(set(refs)))
+""")
+
+
+def test_a_callback_that_drops_the_last_reference_to_its_communicator():
+    # The communicator is destroyed on the callback thread that runs the future's callback:
+    # its progress thread is joined from there, and that thread's own runner ends under it.
+    proc = subprocess.run([sys.executable, "-c", _DROPS_ITS_COMMUNICATOR], capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == "refs [2]", proc.stdout
