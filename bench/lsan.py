@@ -7,10 +7,10 @@ destroyed as an elastic job does, and the native parsers' fuzzer.
     python bench/lsan.py --calls 200 --fuzz-runs 10000
 
 The build: --ref exported and built with -fsanitize=address into build/lsan/ (bench/_build.py).
-The job runs under LD_PRELOAD of the compiler's libasan with detect_leaks=1, each process
-writing its report to a file of its own. Python and torch leave allocations of their own at
-exit, so a leak counts as pyring's when a frame of its allocation stack is in pyring's
-extension (its _C module); the others are counted apart. The fuzzer (libFuzzer with
+The job runs under LD_PRELOAD of the compiler's libasan (and libstdc++) with detect_leaks=1,
+each process writing its report to a file of its own. Python and torch leave allocations of
+their own at exit, so a leak counts as pyring's when a frame of its allocation stack is in
+pyring's extension (its _C module); the others are counted apart. The fuzzer (libFuzzer with
 AddressSanitizer, pyring/testing/native_fuzz.py) checks leaks itself. Target: 0 leaks of
 pyring's in both. Writes bench/results/lsan_<tag>.json with the machine's description.
 """
@@ -64,9 +64,12 @@ def leaks(report_dir: str) -> tuple[list[str], int, int]:
 
 
 def run_job(pkg: Path, calls: int, cycles: int) -> dict:
-    libasan = subprocess.check_output(["g++", "-print-file-name=libasan.so"], text=True).strip()
+    # libstdc++ beside the runtime: with libasan alone, ASan's __cxa_throw interceptor finds no
+    # real one and aborts the process at the first C++ exception (a CommError, torch's checks).
+    preload = " ".join(subprocess.check_output(["g++", f"-print-file-name={lib}"], text=True)
+                       .strip() for lib in ("libasan.so", "libstdc++.so.6"))
     with tempfile.TemporaryDirectory(prefix="pyring-lsan-") as tmp:
-        env = dict(os.environ, LD_PRELOAD=libasan, PYTHONPATH=f"{pkg}{os.pathsep}{BENCH}",
+        env = dict(os.environ, LD_PRELOAD=preload, PYTHONPATH=f"{pkg}{os.pathsep}{BENCH}",
                    ASAN_OPTIONS=f"{ASAN_OPTIONS}:log_path={tmp}/report",
                    PYTHONMALLOC="malloc")
         proc = subprocess.run([sys.executable, "-c", JOB, str(calls), str(cycles)], env=env,

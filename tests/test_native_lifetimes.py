@@ -68,10 +68,12 @@ _DROPS_ITS_COMMUNICATOR = textwrap.dedent("""
 """)
 
 
-def test_a_callback_that_drops_the_last_reference_to_its_communicator():
+def test_a_callback_that_drops_the_last_reference_to_its_communicator(tmp_path):
     # The communicator is destroyed on the callback thread that runs the future's callback:
     # its progress thread is joined from there, and that thread's own runner ends under it.
+    # Run from tmp_path: `-c` puts the working directory first on sys.path, and a source tree
+    # there would shadow the installed package.
     proc = subprocess.run([sys.executable, "-c", _DROPS_ITS_COMMUNICATOR], capture_output=True,
-                          text=True, timeout=180)
+                          text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip() == "refs [2]", proc.stdout
