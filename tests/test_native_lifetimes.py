@@ -8,12 +8,13 @@ so, where neither g++ nor clang++ can link one."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from pyring.testing.native_fuzz import Unavailable, compile_sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["tests/native/callback_lifetime.cc", "csrc/core/callbacks.cc"]
@@ -22,17 +23,11 @@ FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
 
 
 def _build(out: str) -> str:
-    cxx = next((c for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)),
-               None)
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++ or clang++) for the sanitized native test")
-    proc = subprocess.run([cxx, *FLAGS, "-I", os.path.join(ROOT, "csrc"),
-                           *(os.path.join(ROOT, s) for s in SOURCES), "-o", out],
-                          capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and ("lasan" in proc.stderr or "libasan" in proc.stderr):
-        pytest.skip(f"{cxx} has no AddressSanitizer runtime: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, f"the native test did not build:\n{proc.stderr[-4000:]}"
-    return out
+    try:
+        return compile_sources(out, ROOT, SOURCES, FLAGS,
+                               (os.environ.get("CXX", ""), "g++", "clang++"), "asan")
+    except Unavailable as e:
+        pytest.skip(f"the sanitized native test cannot be built here: {e}")
 
 
 def test_callback_runner_released_or_stopped_by_its_own_task(tmp_path):

@@ -1,6 +1,7 @@
 """The native fuzzer over the parsers (tests/fuzz/fuzz_parsers.cc, in a source tree) under
 AddressSanitizer and UndefinedBehaviorSanitizer: its build and seed inputs, shared by
-tests/test_fuzz_native.py and bench/soak.py."""
+tests/test_fuzz_native.py and bench/soak.py; and the compile step of the sanitized native
+programs (compile_sources, also used by tests/test_native_lifetimes.py)."""
 
 from __future__ import annotations
 
@@ -18,24 +19,34 @@ FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=fuzzer,address,undefined",
 
 
 class Unavailable(RuntimeError):
-    """This machine cannot build the fuzzer (no clang++, or no libFuzzer runtime)."""
+    """This machine cannot build a sanitized native program (no compiler, or no runtime)."""
+
+
+def compile_sources(out: str, root: str, sources: list[str], flags: list[str],
+                    compilers: tuple[str, ...], runtime: str) -> str:
+    """`sources` (paths in the tree at `root`) compiled with `flags` by the first of
+    `compilers` on PATH into the program `out`; returns `out`. Raises Unavailable where none
+    is found, or where the linker cannot find the `runtime` library the flags ask for; else
+    RuntimeError when the build fails."""
+    cxx = next((path for c in compilers if c and (path := shutil.which(c))), None)
+    if cxx is None:
+        raise Unavailable(f"no {' or '.join(c for c in compilers if c)} found")
+    proc = subprocess.run([cxx, *flags, "-I", os.path.join(root, "csrc"),
+                           *(os.path.join(root, s) for s in sources), "-o", out],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and runtime in proc.stderr and "cannot find" in proc.stderr:
+        raise Unavailable(f"{cxx} has no {runtime} runtime: {proc.stderr[-300:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{out} did not build:\n{proc.stderr[-4000:]}")
+    return out
 
 
 def build(out_dir: str, root: str) -> str:
     """The fuzzer built from the source tree at `root` into out_dir; raises Unavailable where
-    it cannot be built here, RuntimeError when the build fails."""
-    clang = shutil.which("clang++")
-    if clang is None:
-        raise Unavailable("clang++ not found: the native fuzzer needs clang with libFuzzer")
-    exe = os.path.join(out_dir, "fuzz_parsers")
-    proc = subprocess.run([clang, *FLAGS, "-I", os.path.join(root, "csrc"),
-                           *(os.path.join(root, s) for s in SOURCES), "-o", exe],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0 and "fuzzer" in proc.stderr and "cannot find" in proc.stderr:
-        raise Unavailable("clang++ has no libFuzzer runtime")
-    if proc.returncode != 0:
-        raise RuntimeError(f"the native fuzzer did not build:\n{proc.stderr[-4000:]}")
-    return exe
+    it cannot be built here (no clang++, or no libFuzzer runtime), RuntimeError when the build
+    fails."""
+    return compile_sources(os.path.join(out_dir, "fuzz_parsers"), root, SOURCES, FLAGS,
+                           ("clang++",), "fuzzer")
 
 
 def seeds() -> dict[str, bytes]:
