@@ -10,6 +10,7 @@ fails with CommTimeout naming the peer and the tag.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,17 @@ def _to_device(v: Any, host: np.ndarray) -> None:
     _C.device_copy(kind, index, stream, v.ptr, host.ctypes.data, v.nbytes)
 
 
+
+def _integer(value: Any, op: str, name: str) -> int:
+    """``value`` as an int: Python, numpy and 0-d torch integers pass; bool and anything else
+    raise TypeError naming ``name``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+
 class PointToPoint:
     """Mixed into :class:`pyring.Communicator`; needs ``_c``, ``rank``, ``world_size`` and
     ``_launch``."""
@@ -41,24 +53,22 @@ class PointToPoint:
     def _peer(self, peer: Any, op: str, name: str, any_ok: bool = False) -> int:
         if peer is None and any_ok:
             return _ANY
-        if not isinstance(peer, int) or isinstance(peer, bool) or \
-                not 0 <= peer < self.world_size:
-            raise ValueError(f"{op}: {name}={peer!r} is not a rank of a world of "
-                             f"{self.world_size}")
+        peer = self._root(peer, op, name)
         if peer == self.rank:
             raise ValueError(f"{op}: {name}={peer} is this rank; a rank cannot message itself")
         return peer
 
     @staticmethod
     def _tag(tag: Any, op: str) -> int:
-        if not isinstance(tag, int) or isinstance(tag, bool):
-            raise TypeError(f"{op}: tag must be an int, got {tag!r}")
+        tag = _integer(tag, op, "tag")
+        if not -(1 << 63) <= tag < 1 << 63:
+            raise ValueError(f"{op}: tag={tag} is outside the 64-bit signed range")
         return tag
 
     def _root(self, root: Any, op: str, name: str) -> int:
-        if not isinstance(root, int) or isinstance(root, bool) or \
-                not 0 <= root < self.world_size:
-            raise ValueError(f"{op}: {name}={root!r} is not a rank of a world of "
+        root = _integer(root, op, name)
+        if not 0 <= root < self.world_size:
+            raise ValueError(f"{op}: {name}={root} is not a rank of a world of "
                              f"{self.world_size}")
         return root
 
@@ -144,12 +154,13 @@ class PointToPoint:
         if self._detail:
             v = view_of(tensor, "reduce", "tensor", writable=self.rank == dst)
             self._check("reduce", v.count, v.dtype, op_code(op, "reduce"), dst)
+        code = op_code(op, "reduce")
         if self.rank == dst:
-            return self._nested(self.all_reduce, tensor, op=op, async_op=async_op)
+            return self._nested(self._all_reduce, tensor, None, code, async_op, None, dst)
         # all_reduce keeps the scratch alive until the exchange completes.
         scratch = tensor.new_empty(tensor.shape) if hasattr(tensor, "new_empty") else \
             np.empty_like(tensor)
-        w = self._nested(self.all_reduce, tensor, op=op, async_op=async_op, out=scratch)
+        w = self._nested(self._all_reduce, tensor, scratch, code, async_op, None, dst)
         return None if w is None else Work(w._work, tensor)
 
     def gather(self, tensor: Any, gather_list: list | None = None, dst: int = 0,
@@ -302,6 +313,10 @@ class PointToPoint:
                                                 for o, t in zip(outs, tensors)):
                 raise ValueError(f"all_gather_coalesced: output_lists[{r}] must match tensors "
                                  f"in count and sizes")
+            for i, o in enumerate(outs):
+                if o.dtype != flat.dtype:
+                    raise ValueError(f"all_gather_coalesced: output_lists[{r}][{i}] is "
+                                     f"{o.dtype}, tensors are {flat.dtype}")
         out = torch.empty(flat.numel() * self.world_size, dtype=flat.dtype)
         w = self.all_gather_into_tensor(out, flat, async_op=async_op)
 
@@ -319,6 +334,10 @@ class PointToPoint:
 
         if not isinstance(tensors, (list, tuple)) or not tensors:
             raise ValueError(f"{op}: tensors must be a non-empty list")
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op}: tensors[{i}] is a {type(t).__name__}; the coalesced "
+                                f"collectives take torch tensors")
         views = [view_of(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
         for i, v in enumerate(views[1:], 1):
             check_same_dtype(op, views[0], v, "tensors[0]", f"tensors[{i}]")

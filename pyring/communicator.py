@@ -129,7 +129,7 @@ class Communicator(PointToPoint):
         applies); ``algo`` then lets the selector go hierarchical ('auto', 'tree') or keeps
         the flat schedule ('ring', 'direct')."""
         code = op_code(op, "all_reduce")
-        algo_code = self._algo_code(algo)
+        self._algo_code(algo)  # refuses an unknown algo before any wire check
         if wire != "fp32":
             from .compression import check_wire_call
 
@@ -148,6 +148,13 @@ class Communicator(PointToPoint):
                 out.copy_(tensor.reshape(out.shape))  # same count, any shape: as on fp32
                 tensor = out
             return self._all_reduce_wire(tensor, op, wire, state, 0, async_op, algo)
+        return self._all_reduce(tensor, out, code, async_op, algo)
+
+    def _all_reduce(self, tensor: Any, out: Any, code: int, async_op: bool, algo: str | None,
+                    root: int = -1) -> Work | None:
+        """The full-precision all_reduce; ``root`` >= 0 makes it a reduce to that rank, which
+        every rank's headers then carry (ranks naming different roots raise)."""
+        algo_code = self._algo_code(algo)
         src = view_of(tensor, "all_reduce", "tensor", writable=out is None, devices=True)
         if out is None:
             out, dst = tensor, src
@@ -164,9 +171,10 @@ class Communicator(PointToPoint):
         dev = self._on_device("all_reduce", [src, dst], ["tensor", "out"])
         if dev is not None:
             w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code,
-                                   dev)
+                                   dev, root)
             return self._launch(out, (tensor, out), async_op, w)
-        w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code)
+        w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code,
+                               None, root)
         if async_op or self._inflight:
             return self._launch(out, (tensor, out), async_op, w)
         return None
@@ -206,9 +214,7 @@ class Communicator(PointToPoint):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copies ``tensor`` from rank ``src`` to every rank."""
-        if not isinstance(src, int) or not 0 <= src < self.world_size:
-            raise ValueError(f"broadcast: src={src!r} is not a rank of a world of "
-                             f"{self.world_size}")
+        src = self._root(src, "broadcast", "src")
         v = view_of(tensor, "broadcast", "tensor", writable=True, devices=True)
         dev = self._on_device("broadcast", [v], ["tensor"])
         if self._detail:

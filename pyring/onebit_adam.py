@@ -41,6 +41,15 @@ from .compression import OneBitState, all_reduce_wire
 _WARMUP_WIRES = ("fp32", "bf16")
 
 
+def check_state_tensor(owner: str, name: str, t: Any, numel: int) -> None:
+    """Refuses a checkpoint entry that is not a tensor of ``numel`` elements (``copy_`` would
+    broadcast one element over the state, or fail later without naming the entry)."""
+    if not isinstance(t, torch.Tensor) or t.numel() != numel:
+        got = f"{t.numel()} elements" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{owner}.load_state_dict: '{name}' has {got}, these parameters "
+                         f"need {numel}")
+
+
 class OneBitAdam(torch.optim.Optimizer):
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100,
@@ -202,9 +211,11 @@ class OneBitAdam(torch.optim.Optimizer):
         if mine is None:
             raise ValueError("OneBitAdam.load_state_dict: no 'onebit_adam' entry (not a "
                              "OneBitAdam checkpoint)")
-        if mine["m"].numel() != self.m.numel():
-            raise ValueError(f"OneBitAdam.load_state_dict: the checkpoint has {mine['m'].numel()} "
-                             f"elements of state, these parameters {self.m.numel()}")
+        if "zero_one_adam" in sd:
+            raise ValueError("OneBitAdam.load_state_dict: this is a ZeroOneAdam checkpoint; load "
+                             "it into ZeroOneAdam")
+        for name in ("m", "v"):
+            check_state_tensor("OneBitAdam", name, mine[name], self.m.numel())
         super().load_state_dict(sd)
         self.steps = int(mine["steps"])
         self.freeze_step = int(mine["freeze_step"])

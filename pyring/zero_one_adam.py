@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from .compression import OneBitState, all_reduce_wire
-from .onebit_adam import _WARMUP_WIRES, OneBitAdam
+from .onebit_adam import _WARMUP_WIRES, OneBitAdam, check_state_tensor
 
 _COUNTERS = ("steps", "v_updates", "var_interval", "var_run", "local_steps", "interval",
              "rounds")
@@ -170,6 +170,9 @@ class ZeroOneAdam(OneBitAdam):
         if mine is None:
             raise ValueError("ZeroOneAdam.load_state_dict: no 'zero_one_adam' entry (not a "
                              "ZeroOneAdam checkpoint)")
+        check_state_tensor("ZeroOneAdam", "change", mine["change"], self.m.numel())
+        if mine["anchor"] is not None:
+            check_state_tensor("ZeroOneAdam", "anchor", mine["anchor"], self.m.numel())
         super().load_state_dict(sd)
         for c in _COUNTERS:
             setattr(self, c, int(mine[c]))

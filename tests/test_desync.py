@@ -130,3 +130,72 @@ def test_without_detail_every_rank_reports_the_original_cause(transport):
                     timeout=120)
     for rank, msg in enumerate(res):
         assert "count=65" in msg and f"rank {ODD}" in msg, (rank, msg)
+
+
+def _scatter(comm, rank, odd):
+    blocks = [torch.ones(4) for _ in range(comm.world_size)] if rank == 0 else None
+    comm.scatter(torch.empty(6 if odd else 4), blocks, src=0)
+
+
+def _gather(comm, rank, odd):
+    dst = 1 if odd else 0
+    comm.gather(torch.ones(2), [torch.empty(2) for _ in range(3)] if rank == dst else None, dst)
+
+
+# Calls that differ only where the headers used not to look: a root, a wire, a size the root
+# never receives. (what every rank but ODD_3 calls / what ODD_3 calls, a word of the message)
+ODD_3 = 2
+UNSEEN = {
+    "broadcast src": (lambda c, r, odd: c.broadcast(torch.ones(4), src=1 if odd else 0), "src=1"),
+    "broadcast size": (lambda c, r, odd: c.broadcast(torch.ones(6 if odd else 4), src=0),
+                       "count=6"),
+    "reduce dst": (lambda c, r, odd: c.reduce(torch.ones(4), dst=1 if odd else 0), "dst=1"),
+    "gather dst": (_gather, "dst=1"),
+    "scatter size": (_scatter, "count=24"),
+    "wire": (lambda c, r, odd: c.all_reduce(torch.ones(64), wire="fp16" if odd else "bf16"),
+             "wire=fp16"),
+    "wire against fp32": (lambda c, r, odd: c.all_reduce(torch.ones(64),
+                                                         wire="fp32" if odd else "bf16"),
+                          "wire=bf16"),
+}
+
+
+def _unseen(rank, world, store, name):
+    call, _ = UNSEEN[name]
+    comm = pyring.init(rank, world, store, set_default=False, timeout=TIMEOUT_S)
+    t0 = time.monotonic()
+    try:
+        call(comm, rank, rank == ODD_3)
+        raised = None
+    except pyring.CommError as e:
+        raised = str(e)
+    took = time.monotonic() - t0
+    later = None
+    if raised is None:  # a rank whose part was done (a gather's sender): its next call raises
+        try:
+            comm.barrier()
+            later = "no error"
+        except pyring.CommError as e:
+            later = str(e)
+    # No rank leaves (closing its links) before every rank has its error: a rank that died
+    # would be reported instead of the cause.
+    store.set(f"done/{rank}", "1")
+    store.wait([f"done/{r}" for r in range(world)])
+    return raised, later, took
+
+
+@pytest.mark.parametrize("name", list(UNSEEN))
+def test_roots_wires_and_sizes_that_differ_raise_at_once(name):
+    """A rank naming another root (broadcast, reduce, gather), another wire (or the full
+    precision all_reduce against a compressed one), or another size for a root that only
+    sends: the odd rank raises CommError naming the difference, well before the deadline, and
+    so does every other rank, in that call or (a sender whose part was done) in its next.
+    Before, a broadcast's ranks each kept their own data, ranks on different 16-bit wires
+    decoded each other's bytes, and a gather to different roots waited out its deadline
+    blaming the link."""
+    _, word = UNSEEN[name]
+    for rank, (raised, later, took) in enumerate(run_ranks(3, _unseen, name, timeout=120)):
+        assert took < TIMEOUT_S / 2, (rank, took)
+        if rank == ODD_3:
+            assert raised is not None and word in raised, (rank, raised)
+        assert word in (raised or later), (rank, raised, later)

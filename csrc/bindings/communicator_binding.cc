@@ -255,17 +255,21 @@ void register_communicator(py::module_& m) {
       .def(
           "all_reduce",
           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int op,
-             bool async_op, int algo, const py::object& device) {
+             bool async_op, int algo, const py::object& device, int root) {
             BufferView vi = view(in, count, dtype), vo = view(out, count, dtype);
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
             if (!da.device.is_cpu()) return allreduce_on_device(c, async_op, vi, vo, rop, a, da);
-            return launch(c, async_op, desc_of("all_reduce", vi, op),
+            // root >= 0: a reduce to that rank, run as this all_reduce (its headers carry it).
+            PYRING_CHECK_ARG(root >= -1 && root < c.size(), "reduce: dst=", root,
+                             " is not a rank of a world of ", c.size());
+            return launch(c, async_op, desc_of(root >= 0 ? "reduce" : "all_reduce", vi, op, root),
                           [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
           },
           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("async_op"), py::arg("algo") = -1, py::arg("device") = py::none())
+          py::arg("async_op"), py::arg("algo") = -1, py::arg("device") = py::none(),
+          py::arg("root") = -1)
       .def(
           "reduce_scatter",
           [](Communicator& c, uintptr_t in, uintptr_t out, size_t out_count, int dtype, int op,

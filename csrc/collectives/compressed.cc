@@ -8,6 +8,7 @@
 #include "collectives/compressed_half.h"
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
+#include "collectives/header.h"
 #include "collectives/selector.h"
 #include "collectives/wire_codec.h"
 #include "core/errors.h"
@@ -260,6 +261,9 @@ void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_
   const DType dt = x.dtype;
   const size_t head = x.count - exact_tail;
   if (comm.size() == 1) return;  // sum and avg over one rank
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dt, op, x.count, comm.call_root(),
+                        static_cast<uint16_t>(static_cast<int>(wire) + 1));
+  check_ring_header(comm, header, deadline);
   const std::vector<std::vector<int>> groups = select_compressed(comm, wire_name(wire), head, algo);
   std::shared_ptr<DeviceQueue> queue;
   if (!x.device.is_cpu()) {

@@ -36,7 +36,8 @@ void two_rank_allreduce(Communicator& comm, const BufferView& in, const BufferVi
     const void* r1 = first ? from_peer : mine + off;
     kern::finish(KernelSite::of(in), in.dtype, op, r1, r0, dst + off, len / esize, 2);
   };
-  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, in.dtype, op, in.count);
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, in.dtype, op, in.count,
+                        comm.call_root());
   header.post(&peer, &peer, comm.rank());
   peer.post_send(mine, bytes);
   size_t set_aside_from = bytes;  // pieces from here on wait in scratch
@@ -74,7 +75,8 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   auto slot = [&](long steps) { return gathered + static_cast<size_t>(ring.at(steps)) * bytes; };
   Link& left = comm.left();
   Link& right = comm.right();
-  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count);
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllReduce, dtype, op, in.count,
+                        comm.call_root());
   header.post(&left, &right, comm.rank());
   std::memcpy(slot(0), in.data, bytes);
   right.post_send(slot(0), bytes);

@@ -3,6 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include "collectives/compressed.h"
+#include "collectives/driver.h"
+#include "core/communicator.h"
 #include "core/errors.h"
 
 namespace pyring {
@@ -21,18 +24,26 @@ std::string describe_header(const WireHeader& h) {
       h.kind == static_cast<uint32_t>(CollectiveKind::kReduceScatter)) {
     s += str_cat(", op=", h.op < kNumReduceOps ? op_name(static_cast<ReduceOp>(h.op)) : "?");
   }
-  if (h.root >= 0) s += str_cat(", src=", h.root);
+  if (h.variant > 0) {
+    s += str_cat(", wire=", wire_name(static_cast<Wire>(static_cast<int>(h.variant) - 1)));
+  }
+  if (h.root >= 0) {
+    const bool to_root = h.kind == static_cast<uint32_t>(CollectiveKind::kAllReduce) ||
+                         h.kind == static_cast<uint32_t>(CollectiveKind::kGather);
+    s += str_cat(to_root ? ", dst=" : ", src=", h.root);
+  }
   return s + ")";
 }
 
 HeaderExchange::HeaderExchange(uint64_t seq, CollectiveKind kind, DType dtype, ReduceOp op,
-                               uint64_t count, int root) {
+                               uint64_t count, int root, uint16_t variant) {
   mine_.magic = kHeaderMagic;
   mine_.kind = static_cast<uint32_t>(kind);
   mine_.seq = seq;
   mine_.count = count;
   mine_.dtype = static_cast<uint8_t>(dtype);
   mine_.op = static_cast<uint8_t>(op);
+  mine_.variant = variant;
   mine_.root = root;
 }
 
@@ -54,6 +65,12 @@ void HeaderExchange::post(Link* from, Link* to, int this_rank) {
     }
   };
   from->post_recv(std::move(spec));
+}
+
+void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline) {
+  if (comm.size() == 1) return;
+  header.post(&comm.left(), &comm.right(), comm.rank());
+  drive({&comm.left(), &comm.right()}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -1,7 +1,8 @@
 // The header every collective sends ahead of its data on each link it uses.
 //
-// It carries the collective's sequence number on this communicator, its kind, dtype, op, count
-// and root, so that a rank whose neighbour runs a different collective (a different order,
+// It carries the collective's sequence number on this communicator, its kind, dtype, op, count,
+// root and wire (`variant`: 0 for full precision, 1 + the Wire of a compressed all_reduce), so
+// that a rank whose neighbour runs a different collective (a different order,
 // size or type, or stale bytes from a collective the neighbour abandoned) raises CommError
 // naming both instead of combining unrelated bytes.
 #pragma once
@@ -21,7 +22,7 @@ struct WireHeader {
   uint64_t count;
   uint8_t dtype;
   uint8_t op;
-  uint16_t reserved;
+  uint16_t variant;  // 0, or 1 + the Wire of a compressed all_reduce
   int32_t root;
 };
 static_assert(sizeof(WireHeader) == 32, "WireHeader is part of the wire format");
@@ -36,7 +37,7 @@ std::string describe_header(const WireHeader& h);
 class HeaderExchange {
  public:
   HeaderExchange(uint64_t seq, CollectiveKind kind, DType dtype, ReduceOp op, uint64_t count,
-                 int root = -1);
+                 int root = -1, uint16_t variant = 0);
   void post(Link* from, Link* to, int this_rank);
 
  private:
@@ -44,5 +45,14 @@ class HeaderExchange {
   WireHeader incoming_{};
   int this_rank_ = -1;
 };
+
+class Communicator;
+
+// Sends `header` to this rank's right ring neighbour, checks the one from its left and waits
+// for it: for a collective whose data travels other links (the p2p exchange of gather, scatter
+// and the compressed all_reduce), so that a neighbour calling something else (another root,
+// size or wire, or the full-precision all_reduce) raises CommError naming both before any data
+// moves. Ranks further round the ring learn of it from the ones that raise.
+void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline);
 
 }  // namespace pyring

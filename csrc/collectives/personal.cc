@@ -22,6 +22,9 @@ void copy_own(const Span& from, const Span& to) {
 
 void gather(Communicator& comm, const Span& in, const std::vector<Span>& blocks, int root,
             Deadline deadline) {
+  HeaderExchange header(comm.seq(), CollectiveKind::kGather, DType::kUInt8, ReduceOp::kSum,
+                        in.bytes, root);
+  check_ring_header(comm, header, deadline);
   Exchange ex(comm, CollectiveKind::kGather, deadline);
   if (comm.rank() != root) {
     ex.send(root, in);
@@ -36,6 +39,9 @@ void gather(Communicator& comm, const Span& in, const std::vector<Span>& blocks,
 
 void scatter(Communicator& comm, const std::vector<Span>& blocks, const Span& out, int root,
              Deadline deadline) {
+  HeaderExchange header(comm.seq(), CollectiveKind::kScatter, DType::kUInt8, ReduceOp::kSum,
+                        out.bytes, root);
+  check_ring_header(comm, header, deadline);
   Exchange ex(comm, CollectiveKind::kScatter, deadline);
   if (comm.rank() != root) {
     ex.recv(root, out);
@@ -50,6 +56,9 @@ void scatter(Communicator& comm, const std::vector<Span>& blocks, const Span& ou
 
 void all_to_all(Communicator& comm, const std::vector<Span>& in, const std::vector<Span>& out,
                 Deadline deadline) {
+  // Kind only: with uneven splits the ranks' sizes differ.
+  HeaderExchange header(comm.seq(), CollectiveKind::kAllToAll, DType::kUInt8, ReduceOp::kSum, 0);
+  check_ring_header(comm, header, deadline);
   Exchange ex(comm, CollectiveKind::kAllToAll, deadline);
   const int n = comm.size(), me = comm.rank();
   copy_own(in[static_cast<size_t>(me)], out[static_cast<size_t>(me)]);  // may throw: before posts

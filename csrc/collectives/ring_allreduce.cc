@@ -17,7 +17,7 @@ void ring_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const KernelSite site = KernelSite::of(in);
   uint8_t* acc =
       acc_type == dtype ? out_bytes : comm.scratch_for(site, in.count * dtype_size(acc_type));
-  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, site};
+  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, comm.call_root(), n, site};
   ar_phase(comm, SubRing::of(comm.ring_order(), comm.rank()),
            Parts::even(0, in.count, static_cast<size_t>(n)), static_cast<const uint8_t*>(in.data),
            dtype, acc, out_bytes, info, deadline);

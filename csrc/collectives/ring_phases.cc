@@ -248,8 +248,11 @@ void bcast_phase(Communicator& comm, const SubRing& ring, int root_pos, uint8_t*
   const Ends hlinks = header_ends(comm, ring);
   const bool is_root = ring.pos == root_pos;
   const bool forwards = static_cast<int>(part_of(ring, 1)) != root_pos;
+  // Headers go the whole ring, the root's left neighbour to the root too, although no data
+  // does: ranks that name different roots each raise CommError instead of each keeping its own
+  // data (and leaving its header for the next collective to trip on).
   HeaderExchange header(comm.seq(), info.kind, info.dtype, info.op, info.count, info.root);
-  header.post(is_root ? nullptr : hlinks.left, forwards ? hlinks.right : nullptr, comm.rank());
+  header.post(hlinks.left, hlinks.right, comm.rank());
   if (is_root) {
     links.right->post_send(buf, bytes);
   } else {

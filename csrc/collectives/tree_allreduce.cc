@@ -109,7 +109,8 @@ void tree_allreduce(Communicator& comm, const BufferView& in, const BufferView& 
   const DType dtype = in.dtype;
   if (nothing_to_exchange(comm, in, out)) return;
   const TreePlan& plan = comm.tree_plan();
-  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, -1, n, KernelSite::of(in)};
+  const PhaseInfo info{CollectiveKind::kAllReduce, dtype, op, in.count, comm.call_root(), n,
+                       KernelSite::of(in)};
   if (!plan.active) {
     fold_out_of(comm, in, out, info, deadline);
     return;

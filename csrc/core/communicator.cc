@@ -185,6 +185,7 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
                  "communicator is unusable after an earlier failure: ", broken_);
   }
   ++seq_;
+  call_root_ = desc.root;
   entered_seq_.store(seq_, std::memory_order_relaxed);
   recorder_.begin(seq_, desc);
   // Two pointers: held in std::function's own storage, no allocation per call.

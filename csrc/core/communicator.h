@@ -145,6 +145,9 @@ class Communicator {
   bool broken() const { return !broken_.empty(); }
   // The sequence number of the collective running now (1 for the first).
   uint64_t seq() const { return seq_; }
+  // The root of the collective running now (its CollectiveDesc's; -1 for none). A reduce runs
+  // as an all_reduce whose headers carry it, so that ranks naming different roots raise.
+  int call_root() const { return call_root_; }
   // Where this rank stands, readable from any thread: the sequence numbers of the last
   // collective it entered and of the last one it completed (0: none).
   uint64_t entered_seq() const { return entered_seq_.load(std::memory_order_relaxed); }
@@ -197,7 +200,8 @@ class Communicator {
   Device resident_device_;  // cpu: no device links
   HostBuffer scratch_;
   ScratchArena host_arena_{ScratchArena::Kind::kHost, nullptr, -1};
-  uint64_t seq_ = 0;  // written only by the running collective
+  uint64_t seq_ = 0;    // written only by the running collective
+  int call_root_ = -1;  // written only by the running collective
   std::atomic<uint64_t> entered_seq_{0};
   std::atomic<uint64_t> completed_seq_{0};
   HangAccount hang_account_;  // set at init, before any collective

@@ -155,12 +155,17 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress
       return work;
     }
   }
-  // What arrived whole before the link broke was claimable above; nothing more comes.
+  // What arrived whole before the link broke (or before the peer gave up) was claimable
+  // above; nothing more comes.
   if (from.peer >= 0) {
     const Peer& p = peers_[static_cast<size_t>(from.peer)];
     if (!p.broken.empty()) {
       --in_flight_;
       PYRING_THROW(CommError, where(from, false), ": the link is broken: ", p.broken);
+    }
+    if (p.gave_up && from.context == P2pContext::kCollective) {
+      --in_flight_;
+      throw PeerLost(from.peer, str_cat("rank ", from.peer, " gave up on the communicator"), true);
     }
   }
   recvs_.push_back(op);
@@ -255,6 +260,10 @@ void P2pEngine::hold_locked(int peer, const P2pFrame& f) {
       std::memcpy(h->claimed->data, h->data.data(), h->frame.bytes);
       finish_locked(h->claimed, nullptr);
     }
+    if (h->frame.context == static_cast<uint8_t>(P2pContext::kControl) &&
+        h->frame.kind == kAbortCause) {
+      fail_collective_recvs_locked(h->peer);
+    }
   };
   peers_[static_cast<size_t>(peer)].link->post_recv(std::move(spec));
 }
@@ -328,6 +337,20 @@ void P2pEngine::expire_locked() {
       break_peer_locked(static_cast<int>(i),
                         str_cat("Timed out: ", where(op->addr, true), " (", op->bytes,
                                 " bytes) did not leave: rank ", i, " does not receive"));
+    }
+  }
+}
+
+void P2pEngine::fail_collective_recvs_locked(int peer) {
+  peers_[static_cast<size_t>(peer)].gave_up = true;
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const std::shared_ptr<Op>& op = *it;
+    if (op->addr.peer == peer && op->addr.context == P2pContext::kCollective) {
+      finish_locked(op, std::make_exception_ptr(PeerLost(
+                            peer, str_cat("rank ", peer, " gave up on the communicator"), true)));
+      it = recvs_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

@@ -111,7 +111,8 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   struct Held;
   struct Peer {
     Link* link = nullptr;
-    std::string broken;  // why the link is unusable; empty while it works
+    std::string broken;    // why the link is unusable; empty while it works
+    bool gave_up = false;  // its abort cause has arrived: no more collective data comes
     P2pFrame incoming{};
     uint64_t posted_bytes = 0;                // frames and payloads queued for sending, ever
     std::deque<std::shared_ptr<Op>> sends;    // in posting order
@@ -130,6 +131,10 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   // Breaks the links to peers known to be dead or gone, and expires ops past their deadline.
   void check_peers_locked();
   void break_peer_locked(int peer, const std::string& why);
+  // `peer` announced that it gave up: it sends no more collective data, so this rank's
+  // collective receives from it fail with PeerLost (gave_up), whose handler relays the cause
+  // held beside them instead of waiting out the deadline.
+  void fail_collective_recvs_locked(int peer);
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
   // Whether every live link finds polling for spin_us worthwhile (Link::spin_worthwhile).
   bool spin_worthwhile_locked();

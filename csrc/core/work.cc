@@ -1,6 +1,7 @@
 #include "core/work.h"
 
 #include <chrono>
+#include <cstring>
 
 #include "core/errors.h"
 #include "core/types.h"
@@ -16,7 +17,10 @@ std::string CollectiveDesc::str() const {
   std::string s = str_cat(name, "(count=", count, ", dtype=", dtype_name(dtype), ", ",
                           count * dtype_size(dtype), " bytes");
   if (op >= 0) s += str_cat(", op=", op_name(static_cast<ReduceOp>(op)));
-  if (root >= 0) s += str_cat(", src=", root);
+  if (root >= 0) {
+    const bool to_root = std::strcmp(name, "reduce") == 0 || std::strcmp(name, "gather") == 0;
+    s += str_cat(to_root ? ", dst=" : ", src=", root);
+  }
   return s + ")";
 }
 
