@@ -6,7 +6,8 @@ Communicator: the usual ``torch.distributed`` calls, DDP, ``new_group`` subgroup
 Communicator each) and the functional collectives.
 
 Contracts:
-- Tensors are dense and contiguous, on the CPU, or on CUDA for the collectives (allreduce,
+- Tensors are dense (non-contiguous ones, as gloo takes them, go through contiguous copies
+  for the collectives and rooted ops), on the CPU, or on CUDA for the collectives (allreduce,
   broadcast, allgather, reduce_scatter; point-to-point, rooted and personalised ops take CPU
   tensors). Each call carries one tensor (c10d's lists must hold exactly one), except the
   per-rank lists (``all_gather``'s output, ``reduce_scatter``'s input,
@@ -15,7 +16,8 @@ Contracts:
 - Every op torch's CPU backends offer: the collectives, ``send``/``recv`` (any source too;
   ``isend``/``irecv``/``batch_isend_irecv`` through torch), ``reduce``, ``gather``, ``scatter``,
   ``all_to_all`` and ``all_to_all_single`` (uneven splits). Data-moving ops take any dtype,
-  complex included; reductions take pyring's dtypes (torch views complex SUM as real).
+  complex included; reductions take pyring's dtypes, and complex SUM and AVG (as the same
+  reduction of the real view, as gloo gives).
 - Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent. A sparse
   COO tensor's allreduce (SUM) gathers every rank's indices and values and sums them.
 - ``monitored_barrier`` is refused by torch itself for every backend but gloo.
@@ -61,6 +63,52 @@ def _one(tensors: Any, what: str) -> Any:
         raise ValueError(f"pyring backend: {what} got {len(tensors)} tensors in one call; "
                          "pyring takes one tensor per call (flatten them into one first)")
     return tensors[0]
+
+
+class _Dense:
+    """Contiguous stand-ins for a call's non-contiguous tensors (transposed views,
+    channels_last), which gloo takes too: an input is copied in now; an output (an in-place
+    tensor too) is copied in and copied back by ``finish()`` once the call has completed."""
+
+    def __init__(self) -> None:
+        self.back: list = []
+
+    @staticmethod
+    def input(t: Any) -> Any:
+        return t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
+
+    def output(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.is_contiguous():
+            return t
+        c = t.contiguous()
+        self.back.append((t, c))
+        return c
+
+    def finish(self, then: Any = None) -> Any:
+        """What the Work runs at completion: ``then`` (a copy-out of its own), then the
+        copies back; None when there is nothing to run."""
+        if not self.back:
+            return then
+        back = self.back
+
+        def run() -> None:
+            if then is not None:
+                then()
+            for t, c in back:
+                t.copy_(c)
+
+        return run
+
+
+def _real(t: Any, op: Any) -> Any:
+    """A complex tensor's SUM or AVG as the same reduction of its real view (what torch's own
+    all_reduce hands a backend, and what gloo computes); anything else as it is."""
+    from .ops import op_code
+
+    if isinstance(t, torch.Tensor) and t.is_complex() and \
+            op_code(op, "reduce") in (op_code("sum"), op_code("avg")):
+        return torch.view_as_real(t)
+    return t
 
 
 def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
@@ -167,7 +215,10 @@ class ProcessGroupPyring(_ProcessGroup):
         if t.layout == torch.sparse_coo:
             self._sparse_sum(t, op)
             return PyringWork(None, [t])
-        return self._run(lambda a: self.comm.all_reduce(t, op, async_op=a), [t], opts)
+        d = _Dense()
+        r = _real(d.output(t), op)
+        return self._run(lambda a: self.comm.all_reduce(r, op, async_op=a), [t], opts,
+                         d.finish())
 
     def _sparse_sum(self, t: Any, op: Any) -> None:
         """A sparse COO tensor's sum over ranks, in place (coalesced), as gloo gives: every
@@ -220,10 +271,13 @@ class ProcessGroupPyring(_ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None) -> PyringWork:
         t = _one(tensors, "broadcast")
         src = opts.rootRank if opts is not None else 0
-        return self._run(lambda a: self.comm.broadcast(t, src, async_op=a), [t], opts)
+        d = _Dense()
+        c = d.output(t)
+        return self._run(lambda a: self.comm.broadcast(c, src, async_op=a), [t], opts,
+                         d.finish())
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
-        t = _one(input_tensors, "allgather")
+        t = _Dense.input(_one(input_tensors, "allgather"))
         outs = _one(output_tensors, "allgather")
         world, n = self.comm.world_size, t.numel()
         _check_pieces(outs, t, world, "allgather output list")
@@ -237,8 +291,10 @@ class ProcessGroupPyring(_ProcessGroup):
                          list(outs), opts, copy_out)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> PyringWork:
-        return self._run(lambda a: self.comm.all_gather_into_tensor(output, input, async_op=a),
-                         [output], opts)
+        d = _Dense()
+        out, inp = d.output(output), d.input(input)
+        return self._run(lambda a: self.comm.all_gather_into_tensor(out, inp, async_op=a),
+                         [output], opts, d.finish())
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any,
                                     opts: Any = None) -> PyringWork:
@@ -259,8 +315,10 @@ class ProcessGroupPyring(_ProcessGroup):
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> PyringWork:
         op = opts.reduceOp if opts is not None else "sum"
-        return self._run(lambda a: self.comm.reduce_scatter_tensor(output, input, op, async_op=a),
-                         [output], opts)
+        d = _Dense()
+        out, inp = _real(d.output(output), op), _real(d.input(input), op)
+        return self._run(lambda a: self.comm.reduce_scatter_tensor(out, inp, op, async_op=a),
+                         [output], opts, d.finish())
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> PyringWork:
@@ -304,20 +362,29 @@ class ProcessGroupPyring(_ProcessGroup):
         t = _one(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else "sum"
-        return self._run(lambda a: self.comm.reduce(t, root, op, async_op=a), [t], opts)
+        d = _Dense()
+        r = _real(d.output(t), op)
+        return self._run(lambda a: self.comm.reduce(r, root, op, async_op=a), [t], opts,
+                         d.finish())
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
-        t = _one(input_tensors, "gather")
+        t = _Dense.input(_one(input_tensors, "gather"))
         root = opts.rootRank if opts is not None else 0
-        outs = _one(output_tensors, "gather") if self.comm.rank == root else None
+        d = _Dense()
+        outs = [d.output(o) for o in _one(output_tensors, "gather")] \
+            if self.comm.rank == root else None
         return self._run(lambda a: self.comm.gather(t, outs, root, async_op=a),
-                         list(output_tensors), opts)
+                         list(output_tensors), opts, d.finish())
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
+        d = _Dense()
         t = _one(output_tensors, "scatter")
+        out = d.output(t)
         root = opts.rootRank if opts is not None else 0
-        ins = _one(input_tensors, "scatter") if self.comm.rank == root else None
-        return self._run(lambda a: self.comm.scatter(t, ins, root, async_op=a), [t], opts)
+        ins = [_Dense.input(i) for i in _one(input_tensors, "scatter")] \
+            if self.comm.rank == root else None
+        return self._run(lambda a: self.comm.scatter(out, ins, root, async_op=a), [t], opts,
+                         d.finish())
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:
         outs, ins = list(output_tensors), list(input_tensors)

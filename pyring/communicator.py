@@ -155,20 +155,21 @@ class Communicator(PointToPoint):
         """The full-precision all_reduce; ``root`` >= 0 makes it a reduce to that rank, which
         every rank's headers then carry (ranks naming different roots raise)."""
         algo_code = self._algo_code(algo)
-        src = view_of(tensor, "all_reduce", "tensor", writable=out is None, devices=True)
+        what = "reduce" if root >= 0 else "all_reduce"
+        src = view_of(tensor, what, "tensor", writable=out is None, devices=True)
         if out is None:
             out, dst = tensor, src
         else:
-            dst = view_of(out, "all_reduce", "out", writable=True, devices=True)
-            check_same_dtype("all_reduce", src, dst, "tensor", "out")
+            dst = view_of(out, what, "out", writable=True, devices=True)
+            check_same_dtype(what, src, dst, "tensor", "out")
             if dst.count != src.count:
-                raise ValueError(f"all_reduce: out has {dst.count} elements but tensor has "
+                raise ValueError(f"{what}: out has {dst.count} elements but tensor has "
                                  f"{src.count}")
             if dst.ptr != src.ptr and overlaps(src, dst):
-                raise ValueError("all_reduce: out partially overlaps tensor")
+                raise ValueError(f"{what}: out partially overlaps tensor")
         if self._detail:
             self._check("all_reduce", src.count, src.dtype, code, -1, algo or "auto")
-        dev = self._on_device("all_reduce", [src, dst], ["tensor", "out"])
+        dev = self._on_device(what, [src, dst], ["tensor", "out"])
         if dev is not None:
             w = self._c.all_reduce(src[0], dst[0], src[1], src[2], code, async_op, algo_code,
                                    dev, root)

@@ -128,7 +128,7 @@ def _async_and_errors(rank, world):
         "gather list length": lambda: dist.all_gather([torch.zeros(4)], x),
         "gather list dtype": lambda: dist.all_gather([torch.zeros(4, dtype=torch.int32)] * world,
                                                      x),
-        "non-contiguous": lambda: dist.all_reduce(torch.ones(4, 2).t()),
+        "non-contiguous send": lambda: pg.send([torch.ones(4, 2).t()], (rank + 1) % world, 0),
         "reduce root": lambda: pg.reduce([x], _reduce_opts(world)),
         "send to self": lambda: pg.send([x], rank, 0),
         "splits": lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
@@ -278,9 +278,55 @@ def _objects(rank, world):
     return got, objs, gathered, out, p2p
 
 
+def _layouts(rank, world):
+    """Complex SUM/AVG in reduce and reduce_scatter, and non-contiguous tensors (transposed
+    views, channels_last) in the collectives and rooted ops, as gloo takes them."""
+    bad, k = [], float(sum(range(1, world + 1)))  # the sum of the ranks' factors (rank + 1)
+    f = rank + 1
+    z = torch.tensor([1 + 2j, 3j]) * f
+    dist.reduce(z, dst=0)
+    if rank == 0:
+        _check(bad, "complex reduce sum", z, torch.tensor([1 + 2j, 3j]) * k)
+    z = torch.tensor([1 + 2j, 3j]) * f
+    dist.reduce(z, dst=1, op=dist.ReduceOp.AVG)
+    if rank == 1:
+        _check(bad, "complex reduce avg", z, torch.tensor([1 + 2j, 3j]) * (k / world))
+    zin = torch.arange(2.0 * world).to(torch.complex64) * (1 + 1j) * f
+    zout = torch.empty(2, dtype=torch.complex64)
+    dist.reduce_scatter_tensor(zout, zin)
+    _check(bad, "complex reduce_scatter", zout, zin[2 * rank:2 * rank + 2] / f * k)
+    base = torch.arange(6.0).reshape(2, 3)
+    t = (base * f).t()  # a transposed view
+    dist.all_reduce(t)
+    _check(bad, "transposed all_reduce", t, (base * k).t())
+    img = torch.full((1, 2, 2, 2), float(rank)).to(memory_format=torch.channels_last)
+    dist.broadcast(img, src=1)
+    _check(bad, "channels_last broadcast", img.contiguous(), torch.ones(1, 2, 2, 2))
+    if not img.is_contiguous(memory_format=torch.channels_last):
+        bad.append("channels_last broadcast: the layout changed")
+    out = torch.empty(2, world).t()
+    dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
+    _check(bad, "transposed all_gather out", out,
+           torch.arange(world, dtype=torch.float32)[:, None].expand(world, 2))
+    inp = (torch.arange(2.0 * world).reshape(2, world) * f).t()
+    got = torch.empty(2)
+    dist.reduce_scatter_tensor(got, inp)
+    _check(bad, "transposed reduce_scatter in", got, torch.tensor([rank, world + rank]) * k)
+    outs = [torch.empty(2, 2).t() for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2, 2), float(rank)).t(), outs, dst=0)
+    if rank == 0:
+        for r, o in enumerate(outs):
+            _check(bad, f"transposed gather [{r}]", o, torch.full((2, 2), float(r)))
+    o = torch.empty(2, 2).t()
+    dist.scatter(o, [torch.full((2, 2), float(r)).t() for r in range(world)]
+                 if rank == 0 else None, src=0)
+    _check(bad, "transposed scatter", o, torch.full((2, 2), float(rank)))
+    return bad
+
+
 PARTS = {"objects": _objects, "collectives": _collectives, "async_and_errors": _async_and_errors,
          "groups": _subgroups_and_functional, "ddp": _ddp, "callbacks": _callbacks,
-         "comm_hooks": _comm_hooks, "coalesced": _coalesced}
+         "comm_hooks": _comm_hooks, "coalesced": _coalesced, "layouts": _layouts}
 
 
 def _job(rank, world, store):
@@ -310,6 +356,10 @@ def test_collectives_match_closed_forms(ranks):
     assert [r["collectives"] for r in ranks] == [[], [], []]
 
 
+def test_complex_reductions_and_non_contiguous_tensors(ranks):
+    assert [r["layouts"] for r in ranks] == [[], [], []]
+
+
 def test_async_work_and_errors(ranks):
     for rank, res in enumerate(ranks):
         seen, errors = res["async_and_errors"]
@@ -324,7 +374,7 @@ def test_async_work_and_errors(ranks):
             ("premul_sum", "ValueError", "PREMUL_SUM is not supported"),
             ("gather list length", "ValueError", "needs 3 tensors"),
             ("gather list dtype", "ValueError", "torch.int32"),
-            ("non-contiguous", "ValueError", "not contiguous"),
+            ("non-contiguous send", "ValueError", "not contiguous"),
             ("reduce root", "ValueError", "dst=3 is not a rank of a world of 3"),
             ("send to self", "ValueError", "is this rank"),
             ("splits", "ValueError", "sum to 6 but input has 3 rows"),
