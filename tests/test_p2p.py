@@ -369,3 +369,31 @@ def test_a_message_that_arrived_before_its_sender_closed_is_received(transport):
     ok, late = run_ranks(2, _send_then_close, transport)[0]
     assert ok
     assert late is not None and "the link is broken" in late, late
+
+
+def _argument_types(rank, world, store):
+    import numpy as np
+
+    comm = _init(rank, world, store)
+    t = torch.full((2,), float(rank))
+    comm.broadcast(t, np.int64(1))  # numpy and torch integers are ranks too
+    errors = []
+    for call in (lambda: comm.broadcast(t, True),
+                 lambda: comm.send(t, 1 - rank, tag=2 ** 70),
+                 lambda: comm.all_reduce_coalesced([np.ones(2, np.float32)]),
+                 lambda: comm.all_gather_coalesced([[torch.empty(2, dtype=torch.float64)]] * world,
+                                                   [torch.ones(2)])):
+        with pytest.raises((ValueError, TypeError)) as e:
+            call()
+        errors.append(f"{type(e.value).__name__}: {e.value}")
+    comm.barrier()
+    return t.tolist(), errors
+
+
+def test_argument_types_are_named():
+    got, errors = run_ranks(2, _argument_types)[0]
+    assert got == [1.0, 1.0]
+    assert errors[0] == "TypeError: broadcast: src must be an int, got bool True", errors[0]
+    assert "tag=1180591620717411303424 is outside the 64-bit signed range" in errors[1]
+    assert "all_reduce_coalesced: tensors[0] is a ndarray" in errors[2], errors[2]
+    assert "output_lists[0][0] is torch.float64, tensors are torch.float32" in errors[3]

@@ -74,3 +74,28 @@ def test_bad_settings_are_refused():
                      ({"var_wire": "onebit"}, "var_wire")):
         with pytest.raises(ValueError, match=what):
             ZeroOneAdam(p, comm=comm, **kw)
+
+
+def test_bad_checkpoints_are_refused_by_name():
+    """A checkpoint entry of the wrong size (copy_ would broadcast one element over the state)
+    or of the other optimizer raises ValueError naming it, before anything is loaded."""
+    comm = pyring.init(0, 1, set_default=False)
+    try:
+        model = _model()
+        n = sum(p.numel() for p in model.parameters())
+        zo = ZeroOneAdam(model.parameters(), comm=comm, **KW)
+        _train(model, zo, 0, range(8))
+        zsd = zo.state_dict()
+        ob = OneBitAdam(_model().parameters(), comm=comm, lr=1e-2, freeze_step=6)
+        osd = ob.state_dict()
+        with pytest.raises(ValueError, match="ZeroOneAdam checkpoint"):
+            OneBitAdam(_model().parameters(), comm=comm, lr=1e-2).load_state_dict(zsd)
+        bad_v = dict(osd, onebit_adam=dict(osd["onebit_adam"], v=torch.ones(1)))
+        with pytest.raises(ValueError, match=f"'v' has 1 elements, these parameters need {n}"):
+            ob.load_state_dict(bad_v)
+        for key, size in (("change", 1), ("anchor", 3)):
+            bad = dict(zsd, zero_one_adam=dict(zsd["zero_one_adam"], **{key: torch.ones(size)}))
+            with pytest.raises(ValueError, match=f"'{key}' has {size} elements"):
+                ZeroOneAdam(_model().parameters(), comm=comm, **KW).load_state_dict(bad)
+    finally:
+        comm.close()
