@@ -16,9 +16,10 @@ Contracts:
 - Every op torch's CPU backends offer: the collectives, ``send``/``recv`` (any source too;
   ``isend``/``irecv``/``batch_isend_irecv`` through torch), ``reduce``, ``gather``, ``scatter``,
   ``all_to_all`` and ``all_to_all_single`` (uneven splits). Data-moving ops take any dtype,
-  complex included; reductions take pyring's dtypes, and complex SUM and AVG (as the same
-  reduction of the real view, as gloo gives).
-- Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent. A sparse
+  complex included; reductions take pyring's dtypes, complex SUM and AVG (the same reduction
+  of the real view) and bool SUM, PRODUCT, MAX and MIN (any, all, any, all), as gloo gives.
+- Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent. AVG of
+  integer tensors divides the (wrapping) sum, truncating toward zero, where gloo refuses it. A sparse
   COO tensor's allreduce (SUM) gathers every rank's indices and values and sums them.
 - ``monitored_barrier`` is refused by torch itself for every backend but gloo.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
@@ -100,15 +101,25 @@ class _Dense:
         return run
 
 
-def _real(t: Any, op: Any) -> Any:
-    """A complex tensor's SUM or AVG as the same reduction of its real view (what torch's own
-    all_reduce hands a backend, and what gloo computes); anything else as it is."""
+def _real(t: Any, op: Any) -> tuple:
+    """``(tensor, op)`` that pyring reduces as gloo does ``t`` with ``op``: a complex SUM or
+    AVG as the same reduction of its real view (what torch's own all_reduce hands a
+    backend); a bool SUM/PRODUCT/MAX/MIN as MAX/MIN/MAX/MIN of its bytes (any/all); anything
+    else as it is."""
     from .ops import op_code
 
-    if isinstance(t, torch.Tensor) and t.is_complex() and \
-            op_code(op, "reduce") in (op_code("sum"), op_code("avg")):
-        return torch.view_as_real(t)
-    return t
+    if not isinstance(t, torch.Tensor):
+        return t, op
+    code = op_code(op, "reduce")
+    if t.is_complex() and code in (op_code("sum"), op_code("avg")):
+        return torch.view_as_real(t), op
+    if t.dtype == torch.bool:
+        as_bytes = {op_code("sum"): "max", op_code("prod"): "min", op_code("max"): "max",
+                    op_code("min"): "min"}
+        if code not in as_bytes:
+            raise ValueError("pyring backend: bool tensors reduce with SUM, PRODUCT, MAX or MIN")
+        return t.view(torch.uint8), as_bytes[code]
+    return t, op
 
 
 def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
@@ -216,8 +227,8 @@ class ProcessGroupPyring(_ProcessGroup):
             self._sparse_sum(t, op)
             return PyringWork(None, [t])
         d = _Dense()
-        r = _real(d.output(t), op)
-        return self._run(lambda a: self.comm.all_reduce(r, op, async_op=a), [t], opts,
+        r, rop = _real(d.output(t), op)
+        return self._run(lambda a: self.comm.all_reduce(r, rop, async_op=a), [t], opts,
                          d.finish())
 
     def _sparse_sum(self, t: Any, op: Any) -> None:
@@ -316,8 +327,8 @@ class ProcessGroupPyring(_ProcessGroup):
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> PyringWork:
         op = opts.reduceOp if opts is not None else "sum"
         d = _Dense()
-        out, inp = _real(d.output(output), op), _real(d.input(input), op)
-        return self._run(lambda a: self.comm.reduce_scatter_tensor(out, inp, op, async_op=a),
+        (out, rop), (inp, _) = _real(d.output(output), op), _real(d.input(input), op)
+        return self._run(lambda a: self.comm.reduce_scatter_tensor(out, inp, rop, async_op=a),
                          [output], opts, d.finish())
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
@@ -363,8 +374,8 @@ class ProcessGroupPyring(_ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else "sum"
         d = _Dense()
-        r = _real(d.output(t), op)
-        return self._run(lambda a: self.comm.reduce(r, root, op, async_op=a), [t], opts,
+        r, rop = _real(d.output(t), op)
+        return self._run(lambda a: self.comm.reduce(r, root, rop, async_op=a), [t], opts,
                          d.finish())
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PyringWork:

@@ -279,8 +279,9 @@ def _objects(rank, world):
 
 
 def _layouts(rank, world):
-    """Complex SUM/AVG in reduce and reduce_scatter, and non-contiguous tensors (transposed
-    views, channels_last) in the collectives and rooted ops, as gloo takes them."""
+    """Complex SUM/AVG in reduce and reduce_scatter, bool SUM and PRODUCT, and non-contiguous
+    tensors (transposed views, channels_last) in the collectives and rooted ops, as gloo
+    takes them."""
     bad, k = [], float(sum(range(1, world + 1)))  # the sum of the ranks' factors (rank + 1)
     f = rank + 1
     z = torch.tensor([1 + 2j, 3j]) * f
@@ -295,6 +296,12 @@ def _layouts(rank, world):
     zout = torch.empty(2, dtype=torch.complex64)
     dist.reduce_scatter_tensor(zout, zin)
     _check(bad, "complex reduce_scatter", zout, zin[2 * rank:2 * rank + 2] / f * k)
+    flags = torch.tensor([rank == 0, True, False])
+    dist.all_reduce(flags)  # any
+    _check(bad, "bool sum", flags, torch.tensor([True, True, False]))
+    flags = torch.tensor([rank == 0, True, False])
+    dist.all_reduce(flags, op=dist.ReduceOp.PRODUCT)  # all
+    _check(bad, "bool product", flags, torch.tensor([False, True, False]))
     base = torch.arange(6.0).reshape(2, 3)
     t = (base * f).t()  # a transposed view
     dist.all_reduce(t)
