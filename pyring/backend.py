@@ -19,8 +19,9 @@ Contracts:
   complex included; reductions take pyring's dtypes, complex SUM and AVG (the same reduction
   of the real view) and bool SUM, PRODUCT, MAX and MIN (any, all, any, all), as gloo gives.
 - Reduce ops: SUM, AVG, MAX, MIN, PRODUCT; others raise before any byte is sent. AVG of
-  integer tensors divides the (wrapping) sum, truncating toward zero, where gloo refuses it. A sparse
-  COO tensor's allreduce (SUM) gathers every rank's indices and values and sums them.
+  integer tensors divides the (wrapping) sum, truncating toward zero, where gloo refuses it.
+  A sparse COO tensor's allreduce (SUM) gathers every rank's indices and values and sums
+  them.
 - ``monitored_barrier`` is refused by torch itself for every backend but gloo.
 - Every call returns a :class:`PyringWork`. Calls with ``asyncOp`` set (DDP, the functional
   collectives, ``async_op=True``) return at once, and the future (value: the list of output
@@ -42,6 +43,7 @@ from _pyring_autoload import BACKEND_NAME, DEVICES
 from . import _settings
 from ._buffers import bytes_of
 from ._c10d_routes import backends_from_caller, route
+from ._c10d_tensors import _Dense, _real
 from ._c10d_work import PyringWork, _seconds, eager_under_compile, run_as_is
 from .api import init
 from .work import Work
@@ -64,62 +66,6 @@ def _one(tensors: Any, what: str) -> Any:
         raise ValueError(f"pyring backend: {what} got {len(tensors)} tensors in one call; "
                          "pyring takes one tensor per call (flatten them into one first)")
     return tensors[0]
-
-
-class _Dense:
-    """Contiguous stand-ins for a call's non-contiguous tensors (transposed views,
-    channels_last), which gloo takes too: an input is copied in now; an output (an in-place
-    tensor too) is copied in and copied back by ``finish()`` once the call has completed."""
-
-    def __init__(self) -> None:
-        self.back: list = []
-
-    @staticmethod
-    def input(t: Any) -> Any:
-        return t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
-
-    def output(self, t: Any) -> Any:
-        if not isinstance(t, torch.Tensor) or t.is_contiguous():
-            return t
-        c = t.contiguous()
-        self.back.append((t, c))
-        return c
-
-    def finish(self, then: Any = None) -> Any:
-        """What the Work runs at completion: ``then`` (a copy-out of its own), then the
-        copies back; None when there is nothing to run."""
-        if not self.back:
-            return then
-        back = self.back
-
-        def run() -> None:
-            if then is not None:
-                then()
-            for t, c in back:
-                t.copy_(c)
-
-        return run
-
-
-def _real(t: Any, op: Any) -> tuple:
-    """``(tensor, op)`` that pyring reduces as gloo does ``t`` with ``op``: a complex SUM or
-    AVG as the same reduction of its real view (what torch's own all_reduce hands a
-    backend); a bool SUM/PRODUCT/MAX/MIN as MAX/MIN/MAX/MIN of its bytes (any/all); anything
-    else as it is."""
-    from .ops import op_code
-
-    if not isinstance(t, torch.Tensor):
-        return t, op
-    code = op_code(op, "reduce")
-    if t.is_complex() and code in (op_code("sum"), op_code("avg")):
-        return torch.view_as_real(t), op
-    if t.dtype == torch.bool:
-        as_bytes = {op_code("sum"): "max", op_code("prod"): "min", op_code("max"): "max",
-                    op_code("min"): "min"}
-        if code not in as_bytes:
-            raise ValueError("pyring backend: bool tensors reduce with SUM, PRODUCT, MAX or MIN")
-        return t.view(torch.uint8), as_bytes[code]
-    return t, op
 
 
 def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
