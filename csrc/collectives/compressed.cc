@@ -18,8 +18,6 @@ namespace pyring {
 
 namespace {
 
-constexpr const char* kWireNames[kNumWires] = {"fp32", "fp16", "bf16", "onebit"};
-
 // The mask caches in WireState's layout, each list indexed [j * S + s]: enc (chunk j, segment
 // s, to its owner), recv (copy j of the owned chunk), server (the owned chunk's result, [s]),
 // gather (chunk j's result).
@@ -220,16 +218,6 @@ void hierarchical(Communicator& comm, WireCodec& codec, float* x, size_t n,
 }
 
 }  // namespace
-
-const char* wire_name(Wire w) {
-  const int i = static_cast<int>(w);
-  return i >= 0 && i < kNumWires ? kWireNames[i] : "an unknown wire";
-}
-
-Wire wire_from_int(int v) {
-  PYRING_CHECK_ARG(v >= 0 && v < kNumWires, "wire code ", v, " out of range [0, ", kNumWires, ")");
-  return static_cast<Wire>(v);
-}
 
 void check_compressed(const Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
                       ReduceOp op, WireState* state, Algo algo) {

@@ -32,11 +32,6 @@
 
 namespace pyring {
 
-enum class Wire : int { kFp32 = 0, kFp16 = 1, kBf16 = 2, kOnebit = 3 };
-constexpr int kNumWires = 4;
-const char* wire_name(Wire w);
-Wire wire_from_int(int v);  // throws InvalidArgument naming the valid wires
-
 // Validates a call before any byte moves, on the caller's thread: op sum or avg, a floating
 // dtype, exact_tail within the buffer, and for onebit a state, bound here to the shape this
 // rank's part of the schedule needs. Throws InvalidArgument.

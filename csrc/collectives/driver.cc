@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/communicator.h"
 #include "core/errors.h"
 #include "transport/wait.h"
 
@@ -103,6 +104,12 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
       }
     }
   }
+}
+
+void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline) {
+  if (comm.size() == 1) return;
+  header.post(&comm.left(), &comm.right(), comm.rank());
+  drive({&comm.left(), &comm.right()}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -4,10 +4,13 @@
 #include <initializer_list>
 #include <vector>
 
+#include "collectives/header.h"
 #include "core/link.h"
 #include "core/types.h"
 
 namespace pyring {
+
+class Communicator;
 
 // Calls progress() on `links` (any number; duplicates and nulls allowed) until all are idle.
 // Polls for `spin_us` microseconds without progress, then blocks; each time it wakes it checks
@@ -33,5 +36,12 @@ struct Chunks {
 inline size_t ring_index(long i, int n) {
   return static_cast<size_t>(((i % n) + n) % n);
 }
+
+// Sends `header` to this rank's right ring neighbour, checks the one from its left and waits
+// for it: for a collective whose data travels other links (the p2p exchange of gather, scatter,
+// all_to_all and the compressed all_reduce), so that a neighbour calling something else (another
+// root, size or wire, or the full-precision all_reduce) raises CommError naming both before any
+// data moves. Ranks further round the ring learn of it from the ones that raise.
+void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline);
 
 }  // namespace pyring

@@ -3,9 +3,6 @@
 #include <cstring>
 #include <string>
 
-#include "collectives/compressed.h"
-#include "collectives/driver.h"
-#include "core/communicator.h"
 #include "core/errors.h"
 
 namespace pyring {
@@ -65,12 +62,6 @@ void HeaderExchange::post(Link* from, Link* to, int this_rank) {
     }
   };
   from->post_recv(std::move(spec));
-}
-
-void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline) {
-  if (comm.size() == 1) return;
-  header.post(&comm.left(), &comm.right(), comm.rank());
-  drive({&comm.left(), &comm.right()}, deadline, comm.spin_us());
 }
 
 }  // namespace pyring

@@ -46,13 +46,4 @@ class HeaderExchange {
   int this_rank_ = -1;
 };
 
-class Communicator;
-
-// Sends `header` to this rank's right ring neighbour, checks the one from its left and waits
-// for it: for a collective whose data travels other links (the p2p exchange of gather, scatter
-// and the compressed all_reduce), so that a neighbour calling something else (another root,
-// size or wire, or the full-precision all_reduce) raises CommError naming both before any data
-// moves. Ranks further round the ring learn of it from the ones that raise.
-void check_ring_header(Communicator& comm, HeaderExchange& header, Deadline deadline);
-
 }  // namespace pyring

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "collectives/collectives.h"
+#include "collectives/driver.h"
 #include "collectives/exchange.h"
 #include "collectives/header.h"
 #include "core/errors.h"
