@@ -5,6 +5,8 @@
     pyring.all_reduce(tensor)       # in place, summed across ranks
 """
 
+import atexit as _atexit
+
 from . import _C, api
 from .api import DELEGATED as _DELEGATED
 from .api import (
@@ -27,6 +29,11 @@ from .topology import Topology
 from .work import Work
 
 __version__ = "0.1.0"
+
+# At interpreter exit pyring's threads start no more Python and finish what they run first:
+# Python would end a thread that takes the GIL while it finalizes by unwinding it through
+# frames that cannot unwind (std::terminate; csrc/bindings/bindings.h, PythonEntry).
+_atexit.register(_C.drain_python_callbacks, 10.0)
 
 
 def cuda_device_count() -> int:

@@ -35,6 +35,25 @@ using EndpointTuple = std::tuple<std::string, std::map<std::string, std::string>
 // The endpoints as the transport registry takes them, rank = index.
 std::vector<Endpoint> endpoints_of(const std::vector<EndpointTuple>& tuples);
 
+// Python code run by pyring's own threads (work callbacks, the hang account, sim stream
+// functions). Python ends a foreign thread that takes the GIL once the interpreter is
+// finalizing by unwinding it (pthread_exit) through frames that cannot unwind, torch's
+// destructors among them: std::terminate. So such a thread holds a PythonEntry while it runs
+// Python (constructed before it takes the GIL, destroyed after it has let go of it), and runs
+// nothing (leaving its references) where ok() is false; drain_python_callbacks(), which
+// pyring registers with atexit, turns ok() off for new entries and waits for those running.
+class PythonEntry {
+ public:
+  PythonEntry();
+  ~PythonEntry();
+  PythonEntry(const PythonEntry&) = delete;
+  PythonEntry& operator=(const PythonEntry&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_;
+};
+
 // Destroying a communicator joins its progress and callback threads, and a callback may be
 // waiting for the GIL: the GIL is released for the destruction.
 struct ReleaseGilDelete {

@@ -4,7 +4,10 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "bindings/bindings.h"
@@ -40,12 +43,16 @@ bool python_finalizing() {
 #endif
 }
 
+std::atomic<int> g_in_python{0};     // PythonEntry objects alive
+std::atomic<bool> g_exiting{false};  // drain_python_callbacks() has run
+
 // Owns a Python callable held by the core, which may drop it on a thread without the GIL; at
 // interpreter exit the reference is left.
 struct PyCallable {
   explicit PyCallable(py::function f) : fn(f.release().ptr()) {}
   ~PyCallable() {
-    if (python_finalizing()) return;
+    PythonEntry entry;
+    if (!entry.ok()) return;
     py::gil_scoped_acquire gil;
     Py_DECREF(fn);
   }
@@ -55,7 +62,8 @@ struct PyCallable {
 Communicator::HangAccount hang_account_from(py::function f) {
   auto held = std::make_shared<PyCallable>(std::move(f));
   return [held](uint64_t seq, const std::string& what) -> std::string {
-    if (python_finalizing()) return "";
+    PythonEntry entry;
+    if (!entry.ok()) return "";
     py::gil_scoped_acquire gil;
     try {
       return py::cast<std::string>(py::handle(held->fn)(seq, what));
@@ -66,6 +74,15 @@ Communicator::HangAccount hang_account_from(py::function f) {
 }
 
 }  // namespace
+
+PythonEntry::PythonEntry() {
+  g_in_python.fetch_add(1);  // seq_cst, before the flag is read: drain() sees it or it sees drain
+  ok_ = !g_exiting.load() && !python_finalizing();
+}
+
+PythonEntry::~PythonEntry() {
+  g_in_python.fetch_sub(1);
+}
 
 CollectiveDesc desc_of(const char* name, const BufferView& v, int op, int root) {
   CollectiveDesc d;
@@ -107,6 +124,21 @@ void register_communicator(py::module_& m) {
   m.attr("DTYPE_NAMES") = py::tuple(dtypes);
   m.attr("DTYPE_SIZES") = py::tuple(sizes);
   m.attr("OP_NAMES") = py::tuple(ops);
+  m.def(
+      "drain_python_callbacks",
+      [](double timeout_s) {
+        g_exiting.store(true);
+        py::gil_scoped_release nogil;  // the ones running may be waiting for it
+        using Steady = std::chrono::steady_clock;
+        const auto until = Steady::now() + std::chrono::duration<double>(timeout_s);
+        while (g_in_python.load() > 0 && Steady::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return g_in_python.load() == 0;
+      },
+      py::arg("timeout_s"),
+      "At interpreter exit: pyring's threads run no more Python; waits up to timeout_s for the "
+      "Python they are running. True when none is left.");
   py::list copies;
   for (int c = 0; c < kNumShmCopies; ++c) copies.append(shm_copy_name(static_cast<ShmCopy>(c)));
   m.attr("SHM_COPY_NAMES") = py::tuple(copies);
@@ -146,9 +178,9 @@ void register_communicator(py::module_& m) {
             // reference to `fn` while holding it.
             auto holder = std::make_shared<py::function>(std::move(fn));
             w.add_callback([holder](std::exception_ptr err) {
-              // At interpreter exit taking the GIL ends this thread by unwinding it (pthread_exit)
-              // through frames that may not unwind: the callback and its reference are left.
-              if (python_finalizing()) {
+              // At interpreter exit the callback and its reference are left (PythonEntry).
+              PythonEntry entry;
+              if (!entry.ok()) {
                 holder->release();  // forgets fn without touching the interpreter
                 return;
               }

@@ -61,6 +61,11 @@ void register_sim(py::module_& m) {
         // stream has run an earlier fn, which takes the GIL.
         py::gil_scoped_release nogil;
         sim_runtime().launch(index, s, [holder] {
+          PythonEntry entry;
+          if (!entry.ok()) {  // the interpreter is exiting: fn is left, not run
+            holder->release();
+            return;
+          }
           py::gil_scoped_acquire gil;
           std::string error;
           try {
