@@ -341,20 +341,6 @@ void P2pEngine::expire_locked() {
   }
 }
 
-void P2pEngine::fail_collective_recvs_locked(int peer) {
-  peers_[static_cast<size_t>(peer)].gave_up = true;
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    const std::shared_ptr<Op>& op = *it;
-    if (op->addr.peer == peer && op->addr.context == P2pContext::kCollective) {
-      finish_locked(op, std::make_exception_ptr(PeerLost(
-                            peer, str_cat("rank ", peer, " gave up on the communicator"), true)));
-      it = recvs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.broken.empty()) return;

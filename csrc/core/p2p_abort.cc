@@ -44,4 +44,18 @@ std::string P2pEngine::announced_by(int peer, std::chrono::milliseconds wait) {
   }
 }
 
+void P2pEngine::fail_collective_recvs_locked(int peer) {
+  peers_[static_cast<size_t>(peer)].gave_up = true;
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const std::shared_ptr<Op>& op = *it;
+    if (op->addr.peer == peer && op->addr.context == P2pContext::kCollective) {
+      finish_locked(op, std::make_exception_ptr(PeerLost(
+                            peer, str_cat("rank ", peer, " gave up on the communicator"), true)));
+      it = recvs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 }  // namespace pyring
