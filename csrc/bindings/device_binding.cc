@@ -137,6 +137,16 @@ void register_device(py::module_& m) {
       py::arg("bytes"),
       "Copies bytes between device and host memory on `stream`, after the work queued on it, "
       "and returns once the copy is done (the host waits).");
+  m.def(
+      "launch_out_of_bounds",
+      [](int kind, int index, StreamId stream) {
+        DeviceRuntime& rt = device_runtime(device_kind_from_int(kind));
+        py::gil_scoped_release nogil;
+        rt.launch_out_of_bounds(index, stream);
+      },
+      py::arg("kind"), py::arg("index"), py::arg("stream"),
+      "Test-only: queues on `stream` a kernel that writes out of bounds, so that the device "
+      "faults (an illegal address, sticky: the device is unusable in this process afterwards).");
   register_sim(m);
 }
 

@@ -59,8 +59,20 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          std::function<void(DeviceQueue&, uint64_t, Deadline)> body) {
   py::gil_scoped_release nogil;
   std::shared_ptr<DeviceQueue> q = comm.device_queue(args.device);
-  const uint64_t ticket = q->enter(args.stream, Deadline::after(comm.options().timeout_s));
-  auto staged = [q, ticket, body = std::move(body)](Deadline d) { body(*q, ticket, d); };
+  uint64_t ticket = 0;
+  std::string fault;
+  try {
+    ticket = q->enter(args.stream, Deadline::after(comm.options().timeout_s));
+  } catch (const CudaError& e) {
+    fault = e.what();
+  }
+  // A device that failed before the collective could be ordered on it (a sticky fault) fails
+  // the collective in its turn, so that the communicator gives up and its peers are told, as
+  // for a fault found while the collective runs. Ticket 0 is always done.
+  auto staged = [q, ticket, fault, body = std::move(body)](Deadline d) {
+    PYRING_CHECK(fault.empty(), DeviceFault, fault);
+    body(*q, ticket, d);
+  };
   if (async_op) {
     std::shared_ptr<Work> work = comm.submit(desc, std::move(staged));
     // A work that fails, or never runs, still releases the streams waiting for it.

@@ -42,10 +42,16 @@ DeviceQueue::~DeviceQueue() {
 uint64_t DeviceQueue::enter(StreamId stream, Deadline deadline) {
   free_retired(false);
   const uint64_t ticket = next_ticket_.fetch_add(1) + 1;
-  if (ticket > kSlots) {
-    wait_done(ticket - kSlots, deadline);  // its slots are about to be reused
+  try {
+    if (ticket > kSlots) {
+      wait_done(ticket - kSlots, deadline);  // its slots are about to be reused
+    }
+    callers_[ticket % kSlots] = stream;
+    rt_.write_flag(device_.index, stream, &slot(entered_, ticket), ticket);
+  } catch (...) {
+    raise_flag(slot(done_, ticket), ticket);  // no later ticket waits for this one
+    throw;
   }
-  rt_.write_flag(device_.index, stream, &slot(entered_, ticket), ticket);
   return ticket;
 }
 
@@ -79,7 +85,8 @@ void DeviceQueue::run_resident(uint64_t ticket, const std::function<void(Deadlin
 void DeviceQueue::serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body) {
   try {
     host_wait_flag(&slot(entered_, ticket), ticket, deadline,
-                   "the work queued on the caller's stream before the collective");
+                   "the work queued on the caller's stream before the collective",
+                   StreamProbe{&rt_, device_, callers_[ticket % kSlots]});
     body();
     rt_.write_flag(device_.index, stream_, &slot(done_, ticket), ticket);
     raise_flag(done_queued_, ticket);
@@ -107,7 +114,8 @@ void DeviceQueue::run(uint64_t ticket, const std::vector<StagedRegion>& regions,
       }
     }
     if (copies) {
-      host_wait_flag(copied_, mark_copied(), deadline, "the copy of the inputs from the device");
+      host_wait_flag(copied_, mark_copied(), deadline, "the copy of the inputs from the device",
+                     own_stream());
     }
     fn(deadline, host.data());
     for (size_t i = 0; i < regions.size(); ++i) {
@@ -149,7 +157,8 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
     };
     uint64_t next = copy_in(0);
     for (size_t k = 0; k < chunks; ++k) {
-      host_wait_flag(copied_, next, deadline, "the copy of the inputs from the device");
+      host_wait_flag(copied_, next, deadline, "the copy of the inputs from the device",
+                     own_stream());
       if (k + 1 < chunks) next = copy_in(k + 1);
       fn(deadline, slot_of(k), k * chunk, count_of(k));
       if (count_of(k) > 0) {
@@ -202,7 +211,8 @@ bool DeviceQueue::done(uint64_t ticket) const {
 }
 
 void DeviceQueue::wait_done(uint64_t ticket, Deadline deadline) const {
-  host_wait_flag(&slot(done_, ticket), ticket, deadline, "the collective's results on the device");
+  host_wait_flag(&slot(done_, ticket), ticket, deadline, "the collective's results on the device",
+                 own_stream());
 }
 
 }  // namespace pyring

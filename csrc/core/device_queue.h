@@ -16,7 +16,9 @@
 //   loading a kernel's module lazily, a copy to pageable memory), on any of its threads. An
 //   async collective's wait() therefore waits on the host for the collective's host part first.
 // A ticket whose collective fails or times out still has its done flag raised (after pyring's
-// stream drains), so that no stream waits forever; its outputs are then unspecified.
+// stream drains), so that no stream waits forever; its outputs are then unspecified. Every host
+// wait also asks the stream that would raise its flag for a fault, and throws DeviceFault at
+// once when that stream has stopped on one (CUDA's sticky errors stop every stream).
 //
 // Memory is never freed by the thread running the collectives: freeing device or pinned
 // memory synchronizes the device (cudaFree, cudaFreeHost), and a caller's stream may be
@@ -113,6 +115,8 @@ class DeviceQueue {
 
  private:
   Flag& slot(Flag* flags, uint64_t ticket) const { return flags[ticket % kSlots]; }
+  // pyring's stream, for the host waits on flags it raises.
+  StreamProbe own_stream() const { return StreamProbe{&rt_, device_, stream_}; }
   // Waits for the ticket's "entered" flag, runs body, then queues the raise of its "done" flag;
   // on failure releases the ticket and rethrows.
   void serve(uint64_t ticket, Deadline deadline, const std::function<void()>& body);
@@ -139,6 +143,9 @@ class DeviceQueue {
   Flag* entered_ = nullptr;
   Flag* done_ = nullptr;
   Flag* copied_ = nullptr;
+  // The caller's stream of each ticket's slot: written by enter() before the ticket is
+  // submitted, read by the thread serving it.
+  std::vector<StreamId> callers_ = std::vector<StreamId>(kSlots, 0);
   std::atomic<uint64_t> next_ticket_{0};
   Flag done_queued_{0};  // tickets up to this one have their done raise queued (or done)
   std::atomic<uint64_t> host_device_bytes_{0};

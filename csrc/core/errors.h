@@ -44,6 +44,14 @@ class TimeoutError : public CommError {
   using CommError::CommError;
 };
 
+// A device stopped with a fault (an illegal address, a failed launch: CUDA's sticky errors)
+// while a collective waited on it; the message names the device's error, the device and what
+// waited. A CommError: the communicator gives up and its peers are told at once.
+class DeviceFault : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // A CUDA runtime call failed; the message names the call and the device.
 class CudaError : public Error {
  public:

@@ -19,7 +19,15 @@ DeviceRuntime& device_runtime(DeviceKind kind) {
   PYRING_THROW(InvalidArgument, "the host has no device runtime");
 }
 
-void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what) {
+void check_stream(const StreamProbe& probe, const char* what) {
+  if (probe.rt == nullptr) return;
+  const std::string err = probe.rt->stream_error(probe.device.index, probe.stream);
+  PYRING_CHECK(err.empty(), DeviceFault, probe.device.str(), " stopped on ", err,
+               " while waiting for ", what);
+}
+
+void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what,
+                    const StreamProbe& probe) {
   constexpr int kSpins = 2000;
   for (int i = 0; i < kSpins; ++i) {
     if (flag->load(std::memory_order_acquire) >= value) return;
@@ -30,6 +38,7 @@ void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const c
   auto step = std::chrono::microseconds(10);
   while (flag->load(std::memory_order_acquire) < value) {
     PYRING_CHECK(!deadline.expired(), TimeoutError, "timed out waiting for ", what);
+    check_stream(probe, what);
     std::this_thread::sleep_for(step);
     if (step < std::chrono::microseconds(80)) step *= 2;
   }

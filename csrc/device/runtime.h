@@ -60,6 +60,12 @@ class DeviceRuntime {
   virtual void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) = 0;
   // Blocks the calling thread until the work queued on s has finished.
   virtual void synchronize(int index, StreamId s) = 0;
+  // The error that stopped s (a fault in its work, sticky: CUDA's illegal address, a failed
+  // launch), or "" while s runs or has finished cleanly (cudaStreamQuery). Never throws.
+  virtual std::string stream_error(int index, StreamId s) noexcept = 0;
+  // Test-only: queues on s a kernel that writes out of bounds, so that the device faults as a
+  // broken kernel would (the self-check and the fault tests; never called by a collective).
+  virtual void launch_out_of_bounds(int index, StreamId s) = 0;
 
   // The kernels of kernels/reduce.h and kernels/onebit.h on device memory, queued on s.
   virtual void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
@@ -90,8 +96,23 @@ class DeviceRuntime {
 // kCuda when pyring was built without CUDA.
 DeviceRuntime& device_runtime(DeviceKind kind);
 
-// Blocks the calling thread until *flag >= value: spins briefly, then sleeps in short steps.
-// Throws TimeoutError with `what` when `deadline` passes first.
-void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what);
+// A stream whose faults a host wait reports: the flag it waits for is raised by work that a
+// fault on this stream (or on its device, for sticky errors) would stop. rt null: none.
+struct StreamProbe {
+  DeviceRuntime* rt = nullptr;
+  Device device;
+  StreamId stream = 0;
+};
+
+// Throws DeviceFault naming the device's error and `what` when probe's stream has stopped on
+// one; does nothing otherwise.
+void check_stream(const StreamProbe& probe, const char* what);
+
+// Blocks the calling thread until *flag >= value: spins briefly, then sleeps in short steps,
+// asking the probe's stream for a fault between them. Throws DeviceFault at once when the stream
+// has stopped on one (no flag it would raise ever rises), and TimeoutError with `what` when
+// `deadline` passes first.
+void host_wait_flag(const Flag* flag, uint64_t value, Deadline deadline, const char* what,
+                    const StreamProbe& probe = {});
 
 }  // namespace pyring

@@ -99,6 +99,14 @@ const DriverApi& stream_mem_ops(int index) {
   return d;
 }
 
+// An address no allocation of the device holds: writing it is an illegal address.
+constexpr uintptr_t kUnmappedAddress = 0x8;
+
+// The planted fault of launch_out_of_bounds: every thread writes past any allocation.
+__global__ void write_out_of_bounds(int* p) {
+  p[threadIdx.x] = 1;
+}
+
 cudaStream_t to_stream(StreamId s) {
   return reinterpret_cast<cudaStream_t>(s);
 }
@@ -220,6 +228,24 @@ class CudaRuntime final : public DeviceRuntime {
   void synchronize(int index, StreamId s) override {
     use_device(index);
     PYRING_CUDA_CHECK_ON(index, cudaStreamSynchronize(to_stream(s)));
+  }
+
+  std::string stream_error(int index, StreamId s) noexcept override {
+    use_device_nothrow(index);
+    const cudaError_t err = cudaStreamQuery(to_stream(s));
+    if (err == cudaSuccess || err == cudaErrorNotReady) return std::string();
+    cudaGetLastError();
+    try {
+      return str_cat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+    } catch (...) {
+      return std::string("a CUDA error");
+    }
+  }
+
+  void launch_out_of_bounds(int index, StreamId s) override {
+    use_device(index);
+    write_out_of_bounds<<<1, 32, 0, to_stream(s)>>>(reinterpret_cast<int*>(kUnmappedAddress));
+    PYRING_CUDA_CHECK_ON(index, cudaGetLastError());
   }
 
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,

@@ -45,7 +45,10 @@ static_assert(sizeof(SimIpc) <= sizeof(IpcHandle::bytes), "SimIpc must fit an Ip
 class Sim final : public SimRuntime {
  public:
   Sim() : devices_(env_int("PYRING_SIM_DEVICES", kSimDefaultDevices)) {
-    for (int i = 0; i < devices_; ++i) device_mu_.push_back(std::make_unique<std::shared_mutex>());
+    for (int i = 0; i < devices_; ++i) {
+      device_mu_.push_back(std::make_unique<std::shared_mutex>());
+      contexts_.push_back(std::make_shared<SimContext>());
+    }
     delay_us_.store(env_int("PYRING_SIM_DELAY_US", 0));
     const char* ipc = std::getenv("PYRING_SIM_IPC");
     refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;
@@ -85,7 +88,7 @@ class Sim final : public SimRuntime {
     check(index);
     std::lock_guard<std::mutex> lock(mu_);
     StreamId id = next_stream_++;
-    streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_);
+    streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_, context(index));
     return id;
   }
 
@@ -114,7 +117,8 @@ class Sim final : public SimRuntime {
       if (flag->load(std::memory_order_acquire) >= value) return;
       st->set_waiting(
           str_cat("a wait for the flag at ", static_cast<const void*>(flag), " to reach ", value));
-      while (flag->load(std::memory_order_acquire) < value && !st->stopping()) {
+      while (flag->load(std::memory_order_acquire) < value && !st->stopping() &&
+             !st->context().faulted()) {
         std::this_thread::sleep_for(std::chrono::microseconds(10));
       }
       st->set_waiting("");
@@ -122,6 +126,18 @@ class Sim final : public SimRuntime {
   }
 
   void synchronize(int index, StreamId s) override { stream(index, s).synchronize(); }
+
+  std::string stream_error(int index, StreamId s) noexcept override {
+    try {
+      return stream(index, s).error();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+  void launch_out_of_bounds(int index, StreamId s) override {
+    submit(index, s, [] { throw SimFault(kSimIllegalAddress); });
+  }
 
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                          void* acc, size_t n, StreamId s) override {
@@ -243,6 +259,9 @@ class Sim final : public SimRuntime {
   // another thread holds back (see the header).
   void submit(int index, StreamId s, std::function<void()> fn) {
     check(index);
+    // After a fault every call on the device returns it, as CUDA's calls return a sticky error.
+    const SimContext& ctx = *context(index);
+    PYRING_CHECK(!ctx.faulted(), CudaError, "sim:", index, " has faulted: ", ctx.fault());
     std::shared_lock<std::shared_mutex> lock(*device_mu_[static_cast<size_t>(index)]);
     stream(index, s).enqueue(std::move(fn));
   }
@@ -281,6 +300,9 @@ class Sim final : public SimRuntime {
     PYRING_CHECK_ARG(index >= 0 && index < devices_, "sim device index ", index, " out of range (",
                      devices_, " sim device(s))");
   }
+  std::shared_ptr<SimContext> context(int index) const {
+    return contexts_[static_cast<size_t>(index)];
+  }
   // Stream s of device `index`; 0 is the device's default stream, made on first use.
   SimStream& stream(int index, StreamId s) {
     check(index);
@@ -288,8 +310,10 @@ class Sim final : public SimRuntime {
     auto it = streams_.find({index, s});
     if (it == streams_.end()) {
       PYRING_CHECK_ARG(s == 0, "sim stream ", s, " does not exist on ", where(index));
-      it =
-          streams_.emplace(std::make_pair(index, s), std::make_shared<SimStream>(&delay_us_)).first;
+      it = streams_
+               .emplace(std::make_pair(index, s),
+                        std::make_shared<SimStream>(&delay_us_, context(index)))
+               .first;
     }
     return *it->second;
   }
@@ -299,6 +323,7 @@ class Sim final : public SimRuntime {
   std::atomic<int> delay_us_{0};
   SimArena arena_;
   std::vector<std::unique_ptr<std::shared_mutex>> device_mu_;  // one per device (quiesce)
+  std::vector<std::shared_ptr<SimContext>> contexts_;          // one per device
   std::mutex mu_;
   std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
   std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_

@@ -16,6 +16,9 @@
 //   kernel's module lazily, at its first launch).
 // - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
 // - Kernels: the host kernels, run on the stream's thread.
+// - Faults: errors are sticky (sim_stream.h). launch_out_of_bounds faults the whole device, as an
+//   illegal address does a CUDA context: its streams stop, and every later call that queues work
+//   on it throws CudaError naming the fault.
 // - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse
 //   makes ipc_handle and ipc_open throw CudaError, as a runtime that refuses IPC does.
 #pragma once
@@ -28,6 +31,9 @@ namespace pyring {
 
 constexpr int kSimDefaultDevices = 4;
 constexpr int kSimFreeWaitS = 30;
+// The fault of launch_out_of_bounds, named as CUDA names an illegal address.
+constexpr const char* kSimIllegalAddress =
+    "cudaErrorIllegalAddress (an illegal memory access was encountered)";
 
 class SimRuntime : public DeviceRuntime {
  public:

@@ -8,7 +8,20 @@
 
 namespace pyring {
 
-SimStream::SimStream(const std::atomic<int>* delay_us) : delay_us_(delay_us) {
+void SimContext::set_fault(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!fault_.empty()) return;
+  fault_ = what;
+  faulted_.store(true, std::memory_order_release);
+}
+
+std::string SimContext::fault() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_;
+}
+
+SimStream::SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context)
+    : delay_us_(delay_us), context_(std::move(context)) {
   thread_ = std::thread([this] {
     name_this_thread(kSimStreamThreadName);
     run();
@@ -37,7 +50,17 @@ void SimStream::synchronize() {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t target = queued_;
   cv_.wait(lock, [&] { return done_ >= target; });
-  PYRING_CHECK(error_.empty(), CudaError, "sim stream: ", error_);
+  lock.unlock();
+  const std::string err = error();
+  PYRING_CHECK(err.empty(), CudaError, "sim stream: ", err);
+}
+
+std::string SimStream::error() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.empty()) return error_;
+  }
+  return context_->fault();
 }
 
 bool SimStream::drain_for(std::chrono::milliseconds limit) {
@@ -70,10 +93,20 @@ void SimStream::run() {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % (bound + 1)));
     }
     std::string error;
-    try {
-      op();
-    } catch (const std::exception& e) {
-      error = e.what();
+    bool stopped = false;
+    {
+      std::lock_guard<std::mutex> held(mu_);
+      stopped = !error_.empty();
+    }
+    // A stream that failed, or whose device faulted, runs nothing more.
+    if (!stopped && !context_->faulted()) {
+      try {
+        op();
+      } catch (const SimFault& e) {
+        context_->set_fault(e.what());
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
     }
     lock.lock();
     if (error_.empty()) error_ = error;

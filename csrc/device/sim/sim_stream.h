@@ -1,5 +1,7 @@
 // One sim stream: a worker thread that runs queued operations in order, each after a random
-// delay of at most the runtime's bound.
+// delay of at most the runtime's bound. Errors are sticky, as CUDA's: once an operation of the
+// stream has failed, or any operation of its device has faulted (SimContext), the stream runs
+// nothing more and reports the first error.
 #pragma once
 
 #include <atomic>
@@ -8,16 +10,38 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
 namespace pyring {
 
+// Thrown by an operation that faults its device (a kernel writing out of bounds): every stream
+// of the device stops, as a CUDA context does on an illegal address.
+class SimFault : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One sim device's context: its first fault, shared by its streams. Any thread.
+class SimContext {
+ public:
+  void set_fault(const std::string& what);  // the first fault stays
+  std::string fault() const;
+  bool faulted() const { return faulted_.load(std::memory_order_acquire); }
+
+ private:
+  mutable std::mutex mu_;
+  std::string fault_;  // guarded by mu_
+  std::atomic<bool> faulted_{false};
+};
+
 class SimStream {
  public:
-  // `delay_us` is read before every operation.
-  explicit SimStream(const std::atomic<int>* delay_us);
+  // `delay_us` is read before every operation; `context` is the device's.
+  SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context);
   // Runs what is queued, then stops the thread.
   ~SimStream();
   SimStream(const SimStream&) = delete;
@@ -27,6 +51,9 @@ class SimStream {
   // Blocks until every operation queued before the call has run. Throws CudaError with the
   // first error an operation of this stream threw (the stream's error is sticky, as CUDA's).
   void synchronize();
+  // The stream's sticky error (its own first failure, else its device's fault); "" if none.
+  std::string error();
+  const SimContext& context() const { return *context_; }
   // Waits up to `limit` for every operation queued before the call to run; false when some
   // has not. Ignores the stream's error.
   bool drain_for(std::chrono::milliseconds limit);
@@ -40,6 +67,7 @@ class SimStream {
   void run();
 
   const std::atomic<int>* delay_us_;
+  std::shared_ptr<SimContext> context_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;

@@ -197,7 +197,17 @@ bool IpcLink::progress() {
   if (theirs_control_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
   bool moved = progress_send();
   moved |= progress_recv();
+  if (!moved && (!copying_.empty() || !reading_.empty())) check_device();
   return moved;
+}
+
+void IpcLink::check_device() {
+  const Clock::time_point now = Clock::now();
+  if (now < next_device_check_) return;
+  next_device_check_ = now + kDeviceCheckEvery;
+  const std::string err = mine_->rt.stream_error(index(), stream_.stream);
+  PYRING_CHECK(err.empty(), DeviceFault, mine_->device.str(), " stopped on ", err,
+               " while the cuda_ipc link to rank ", peer_, " waited for its copies");
 }
 
 std::string IpcLink::pending() const {

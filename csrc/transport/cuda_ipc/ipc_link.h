@@ -21,6 +21,7 @@
 // kIpcTraceEvents per link.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -117,6 +118,10 @@ class IpcLink final : public Link {
   };
   bool progress_send();
   bool progress_recv();
+  // Throws DeviceFault when this link's stream has stopped on a fault (its flags never rise
+  // again); asks the device at most once per kDeviceCheckEvery.
+  void check_device();
+  static constexpr std::chrono::microseconds kDeviceCheckEvery{200};
   void note(char event, uint64_t slot_seq, uint32_t bytes);
   void write_trace() const noexcept;
   int index() const { return mine_->device.index; }
@@ -146,6 +151,7 @@ class IpcLink final : public Link {
   std::deque<Recv> recvs_;
   std::deque<uint64_t> reading_;  // read-flag values after which the next slots are free
   bool aborted_ = false;
+  Clock::time_point next_device_check_{};
   std::string trace_path_;  // empty: not tracing
   std::vector<TracePoint> trace_;
 };
