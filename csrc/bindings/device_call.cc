@@ -58,6 +58,7 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          const DeviceArgs& args,
                          std::function<void(DeviceQueue&, uint64_t, Deadline)> body) {
   py::gil_scoped_release nogil;
+  check_not_capturing(args.device, args.stream);  // before anything allocates (see the header)
   std::shared_ptr<DeviceQueue> q = comm.device_queue(args.device);
   uint64_t ticket = 0;
   std::string fault;

@@ -14,6 +14,7 @@ DeviceQueue::DeviceQueue(Device device)
       device_arena_(ScratchArena::Kind::kDevice, &rt_, device.index,
                     [this](uint8_t* p) { retire(p, false); }) {
   PYRING_CHECK_ARG(!device.is_cpu(), "a device queue needs a device, not the host");
+  rt_.require_stream_flags(device_.index);
   flags_ = static_cast<Flag*>(rt_.alloc_host(device_.index, (2 * kSlots + 1) * sizeof(Flag)));
   for (size_t i = 0; i < 2 * kSlots + 1; ++i) new (&flags_[i]) Flag(0);
   entered_ = flags_;

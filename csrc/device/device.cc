@@ -19,6 +19,15 @@ DeviceRuntime& device_runtime(DeviceKind kind) {
   PYRING_THROW(InvalidArgument, "the host has no device runtime");
 }
 
+void check_not_capturing(const Device& device, StreamId stream) {
+  if (device.is_cpu()) return;
+  PYRING_CHECK(!device_runtime(device.kind).is_capturing(device.index, stream), Error, "stream ",
+               reinterpret_cast<void*>(stream), " of ", device.str(),
+               " is capturing a graph: pyring's collectives cannot be captured (their host part "
+               "runs at the call, not at the replay); call them outside the capture, between "
+               "the graph's replays");
+}
+
 void check_stream(const StreamProbe& probe, const char* what) {
   if (probe.rt == nullptr) return;
   const std::string err = probe.rt->stream_error(probe.device.index, probe.stream);

@@ -28,6 +28,13 @@ inline void raise_flag(Flag& flag, uint64_t value) {
   }
 }
 
+// What require_stream_flags says when a device lacks them.
+constexpr const char* kNoStreamFlags =
+    "this device cannot order pyring's collectives with its streams: its driver has stream "
+    "memory operations disabled (some vGPUs and drivers do). Enable them (NVIDIA's kernel "
+    "module option NVreg_EnableStreamMemOPs=1), or hand pyring host tensors (copy the device "
+    "tensors to the CPU around the collective)";
+
 // An allocation another process of this host can map: opaque bytes, published through the
 // store.
 struct IpcHandle {
@@ -54,12 +61,19 @@ class DeviceRuntime {
   virtual void destroy_stream(int index, StreamId s) noexcept = 0;
   // Queues a copy of `bytes` from src to dst (device or alloc_host memory) on s.
   virtual void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) = 0;
+  // Throws CudaError, saying what to do, when the device cannot raise and wait on flags from
+  // its streams (CUDA: 64-bit stream memory operations, which a driver may disable, as on some
+  // vGPUs). Device queues and device links call it when they are made, before any flag is queued.
+  virtual void require_stream_flags(int index) = 0;
   // Queues *flag = value, run once the work queued before it on s has finished.
   virtual void write_flag(int index, StreamId s, Flag* flag, uint64_t value) = 0;
   // Queues a wait: work queued after it on s starts once *flag >= value.
   virtual void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) = 0;
   // Blocks the calling thread until the work queued on s has finished.
   virtual void synchronize(int index, StreamId s) = 0;
+  // Whether s is capturing into a graph (cudaStreamIsCapturing): work queued on it is recorded,
+  // not run. Never throws (a failed query reads as not capturing).
+  virtual bool is_capturing(int index, StreamId s) noexcept = 0;
   // The error that stopped s (a fault in its work, sticky: CUDA's illegal address, a failed
   // launch), or "" while s runs or has finished cleanly (cudaStreamQuery). Never throws.
   virtual std::string stream_error(int index, StreamId s) noexcept = 0;
@@ -95,6 +109,10 @@ class DeviceRuntime {
 // The runtime of `kind` (kCuda or kSim). Throws InvalidArgument for kCpu, and CudaError for
 // kCuda when pyring was built without CUDA.
 DeviceRuntime& device_runtime(DeviceKind kind);
+
+// Throws Error naming the stream when `stream` of `device` is capturing into a graph: a
+// collective's flags would be recorded, not raised, and its host part would wait forever.
+void check_not_capturing(const Device& device, StreamId stream);
 
 // A stream whose faults a host wait reports: the flag it waits for is raised by work that a
 // fault on this stream (or on its device, for sticky errors) would stop. rt null: none.

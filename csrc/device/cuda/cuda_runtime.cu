@@ -33,7 +33,8 @@ static_assert(sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t) <= sizeof(IpcHandle:
 static_assert(sizeof(Flag) == sizeof(uint64_t) && alignof(Flag) >= 8,
               "a flag is an aligned 64-bit word the stream memory operations read and write");
 
-// The driver API version whose prototypes the PFN types below describe.
+// The driver API version whose prototypes the PFN types below describe; CMake refuses toolkits
+// before it.
 constexpr unsigned int kDriverApiVersion = 12000;
 
 // The driver functions pyring calls, looked up once per process. A null function is missing
@@ -43,6 +44,8 @@ struct DriverApi {
   PFN_cuStreamWaitValue64_v11070 wait_value64 = nullptr;
   PFN_cuMemGetAddressRange_v3020 get_address_range = nullptr;
   PFN_cuGetErrorString_v6000 error_string = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
   std::string missing;
 };
 
@@ -50,20 +53,26 @@ template <class Fn>
 void lookup(const char* symbol, Fn* fn, std::string* missing) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
   const cudaError_t err =
       cudaGetDriverEntryPointByVersion(symbol, &p, kDriverApiVersion, cudaEnableDefault, &status);
+  const char* query = "cudaGetDriverEntryPointByVersion";
+#else
+  // Before CUDA 12.5 the symbol's version is the one of the toolkit pyring was built with (12.0
+  // or later), whose prototypes the PFN types below describe as well.
+  const cudaError_t err = cudaGetDriverEntryPoint(symbol, &p, cudaEnableDefault, &status);
+  const char* query = "cudaGetDriverEntryPoint";
+#endif
   if (err == cudaSuccess && status == cudaDriverEntryPointSuccess && p != nullptr) {
     *fn = reinterpret_cast<Fn>(p);
     return;
   }
   if (err != cudaSuccess) cudaGetLastError();
-  const std::string why =
-      err != cudaSuccess
-          ? str_cat("cudaGetDriverEntryPointByVersion failed: ", cudaGetErrorString(err),
-                    " (a driver older than CUDA 12.0, or none)")
-      : status == cudaDriverEntryPointVersionNotSufficent
-          ? std::string("not available at driver API version 12.0")
-          : std::string("not provided by the driver");
+  const std::string why = err != cudaSuccess ? str_cat(query, " failed: ", cudaGetErrorString(err),
+                                                       " (a driver older than CUDA 12.0, or none)")
+                          : status == cudaDriverEntryPointVersionNotSufficent
+                              ? std::string("not available at driver API version 12.0")
+                              : std::string("not provided by the driver");
   missing->append(str_cat(missing->empty() ? "" : "; ", symbol, ": ", why));
 }
 
@@ -74,6 +83,8 @@ const DriverApi& driver() {
     lookup("cuStreamWaitValue64", &a.wait_value64, &a.missing);
     lookup("cuMemGetAddressRange", &a.get_address_range, &a.missing);
     lookup("cuGetErrorString", &a.error_string, &a.missing);
+    lookup("cuDeviceGet", &a.device_get, &a.missing);
+    lookup("cuDeviceGetAttribute", &a.device_attribute, &a.missing);
     return a;
   }();
   return api;
@@ -210,6 +221,21 @@ class CudaRuntime final : public DeviceRuntime {
     PYRING_CUDA_CHECK_ON(index, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(s)));
   }
 
+  void require_stream_flags(int index) override {
+    use_device(index);
+    const DriverApi& d = stream_mem_ops(index);
+    PYRING_CHECK(d.device_get != nullptr && d.device_attribute != nullptr, CudaError,
+                 "cannot ask CUDA device ", index, " for its stream memory operations (", d.missing,
+                 ")");
+    CUdevice dev = 0;
+    check_driver(d.device_get(&dev, index), "cuDeviceGet", index);
+    int can = 0;
+    check_driver(d.device_attribute(&can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev),
+                 "cuDeviceGetAttribute", index);
+    PYRING_CHECK(can != 0, CudaError, kNoStreamFlags, " (CUDA device ", index,
+                 ": CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)");
+  }
+
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
     use_device(index);
     const DriverApi& d = stream_mem_ops(index);
@@ -228,6 +254,16 @@ class CudaRuntime final : public DeviceRuntime {
   void synchronize(int index, StreamId s) override {
     use_device(index);
     PYRING_CUDA_CHECK_ON(index, cudaStreamSynchronize(to_stream(s)));
+  }
+
+  bool is_capturing(int index, StreamId s) noexcept override {
+    use_device_nothrow(index);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(to_stream(s), &status) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
   }
 
   std::string stream_error(int index, StreamId s) noexcept override {

@@ -52,6 +52,8 @@ class Sim final : public SimRuntime {
     delay_us_.store(env_int("PYRING_SIM_DELAY_US", 0));
     const char* ipc = std::getenv("PYRING_SIM_IPC");
     refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;
+    const char* memops = std::getenv("PYRING_SIM_STREAM_MEMOPS");
+    no_stream_flags_ = memops && std::strcmp(memops, "off") == 0;
   }
 
   DeviceKind kind() const override { return DeviceKind::kSim; }
@@ -107,11 +109,19 @@ class Sim final : public SimRuntime {
     submit(index, s, [=] { std::memcpy(dst, src, bytes); });
   }
 
+  void require_stream_flags(int index) override {
+    check(index);
+    PYRING_CHECK(!no_stream_flags_, CudaError, kNoStreamFlags, " (", where(index),
+                 ": PYRING_SIM_STREAM_MEMOPS=off)");
+  }
+
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    check_stream_flags(index, "cuStreamWriteValue64");
     submit(index, s, [=] { raise_flag(*flag, value); });
   }
 
   void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
+    check_stream_flags(index, "cuStreamWaitValue64");
     SimStream* st = &stream(index, s);
     submit(index, s, [=] {
       if (flag->load(std::memory_order_acquire) >= value) return;
@@ -126,6 +136,20 @@ class Sim final : public SimRuntime {
   }
 
   void synchronize(int index, StreamId s) override { stream(index, s).synchronize(); }
+
+  bool is_capturing(int index, StreamId s) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return capturing_.count({index, s}) > 0;
+  }
+  void set_capturing(int index, StreamId s, bool on) override {
+    check(index);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (on) {
+      capturing_.insert({index, s});
+    } else {
+      capturing_.erase({index, s});
+    }
+  }
 
   std::string stream_error(int index, StreamId s) noexcept override {
     try {
@@ -300,6 +324,12 @@ class Sim final : public SimRuntime {
     PYRING_CHECK_ARG(index >= 0 && index < devices_, "sim device index ", index, " out of range (",
                      devices_, " sim device(s))");
   }
+  // A flag operation on a device without stream memory operations fails, as the driver's call
+  // does (CUDA_ERROR_NOT_SUPPORTED).
+  void check_stream_flags(int index, const char* call) const {
+    PYRING_CHECK(!no_stream_flags_, CudaError, call, " failed on ", where(index),
+                 ": CUresult 801 (operation not supported): PYRING_SIM_STREAM_MEMOPS=off");
+  }
   std::shared_ptr<SimContext> context(int index) const {
     return contexts_[static_cast<size_t>(index)];
   }
@@ -320,12 +350,14 @@ class Sim final : public SimRuntime {
 
   const int devices_;
   bool refuse_ipc_ = false;
+  bool no_stream_flags_ = false;
   std::atomic<int> delay_us_{0};
   SimArena arena_;
   std::vector<std::unique_ptr<std::shared_mutex>> device_mu_;  // one per device (quiesce)
   std::vector<std::shared_ptr<SimContext>> contexts_;          // one per device
   std::mutex mu_;
   std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
+  std::set<std::pair<int, StreamId>> capturing_;            // guarded by mu_
   std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_
   std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_
   StreamId next_stream_ = 1;                                                // guarded by mu_

@@ -21,6 +21,10 @@
 //   on it throws CudaError naming the fault.
 // - PYRING_SIM_DEVICES: the device count (default kSimDefaultDevices). PYRING_SIM_IPC=refuse
 //   makes ipc_handle and ipc_open throw CudaError, as a runtime that refuses IPC does.
+// - PYRING_SIM_STREAM_MEMOPS=off: the device has no stream memory operations, as a driver that
+//   disables them: require_stream_flags, write_flag and wait_flag throw CudaError.
+// - Graph capture: set_capturing marks a stream as capturing (is_capturing), as
+//   cudaStreamBeginCapture does; nothing is recorded.
 #pragma once
 
 #include <functional>
@@ -39,6 +43,8 @@ class SimRuntime : public DeviceRuntime {
  public:
   // Queues `fn` on stream s of device `index`; it runs on the stream's thread.
   virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
+  // Marks stream s of device `index` as capturing a graph (is_capturing), or not.
+  virtual void set_capturing(int index, StreamId s, bool on) = 0;
   // The delay bound in microseconds now in force; tests change it between phases.
   virtual void set_delay_us(int us) = 0;
   // What cudaDeviceSynchronize does, holding the device as the synchronizing calls do.

@@ -30,6 +30,7 @@ IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> sende
                    "cuda_ipc slot size ", slot_bytes, " must be a positive multiple of ",
                    kPieceAlign, " below 4 GiB");
   PYRING_CHECK_ARG(!senders.empty(), "cuda_ipc needs at least one sender to give an inbox to");
+  rt.require_stream_flags(device.index);
   region = static_cast<uint8_t*>(rt.alloc(device.index, inbox_offset(senders.size(), 0)));
   try {
     handle = rt.ipc_handle(device.index, region);
