@@ -7,7 +7,7 @@ import functools
 import weakref
 from typing import Any
 
-from . import _desync, _hang
+from . import _C, _desync, _hang
 from ._buffers import check_same_dtype, fast_call_args, overlaps, view_of
 from ._devices import common_device, current_stream
 from ._p2p import PointToPoint
@@ -92,6 +92,11 @@ class Communicator(PointToPoint):
             inflight = self._inflight
             while inflight and inflight[0][0].is_completed():
                 inflight.popleft()
+            if isinstance(cwork, _C.DeviceTicket):
+                # A synchronous device call returns once its host part is done, with pyring's
+                # stream still copying: the buffers stay referenced until its results are in
+                # place, so that no allocator hands their memory out early.
+                inflight.append((cwork, keep))
             return None
         if isinstance(cwork, tuple):  # a device collective: (Work, DeviceTicket)
             cwork, ticket = cwork

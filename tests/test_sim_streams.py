@@ -366,3 +366,38 @@ def test_point_to_point_on_device_buffers():
     results = run_ranks(2, p2p_body, env={"PYRING_SIM_DELAY_US": "300"}, timeout=120)
     for rank, bad in enumerate(results):
         assert not bad, f"rank {rank}: {bad}"
+
+
+def dropped_buffer_body(rank, world, store):
+    """A synchronous call's buffer dropped at once, and memory of its size allocated and filled
+    on another stream: pyring's stream, still copying the results back, must not land in it."""
+    import pyring
+    from pyring.testing import sim
+
+    bad = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        other = sim.SimStream(0)
+        for i in range(5):
+            x = sim.SimArray(1 << 16, torch.float32, 0)
+            x.fill_(1.0)
+            sim.set_delay_us(3000)  # pyring's copies back run late
+            comm.all_reduce(x)
+            address = x.ptr
+            del x
+            y = sim.SimArray(1 << 16, torch.float32, 0)
+            reused = y.ptr == address
+            with sim.stream(other):
+                y.fill_(7.0)
+                other.synchronize()
+            sim.set_delay_us(0)
+            sim.current_stream(0).synchronize()  # the collective's copies back have run
+            if reused or not bool((y.to_host() == 7.0).all()):
+                bad.append(f"#{i}: memory reused {reused}, values {y.to_host()[:2].tolist()}")
+        other.synchronize()
+        other.close()
+    return bad
+
+
+def test_synchronous_calls_keep_their_buffers_until_the_device_is_done():
+    for rank, bad in enumerate(run_ranks(2, dropped_buffer_body, timeout=300)):
+        assert not bad, f"rank {rank}: " + "; ".join(bad)

@@ -119,6 +119,7 @@ void register_device(py::module_& m) {
           },
           py::arg("stream"), "Queues on `stream` a wait for the collective's device results.")
       .def("done", [](const DeviceTicket& t) { return t.queue->done(t.ticket); })
+      .def("is_completed", [](const DeviceTicket& t) { return t.queue->done(t.ticket); })
       .def(
           "wait_done",
           [](const DeviceTicket& t, double timeout_s) {

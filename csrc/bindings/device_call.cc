@@ -91,7 +91,7 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
   }
   q->order_after(args.stream, ticket);
   py::gil_scoped_acquire gil;
-  return py::none();
+  return py::cast(DeviceTicket{q, ticket});
 }
 
 py::object allreduce_on_device(Communicator& c, bool async_op, const BufferView& vi,

@@ -15,7 +15,8 @@ struct DeviceArgs {
   StreamId stream = 0;
 };
 
-// A collective's place in its device queue, for the Python Work of an async call.
+// A collective's place in its device queue: for the Python Work of an async call, and for the
+// references a synchronous call's buffers keep until its device results are in place.
 struct DeviceTicket {
   std::shared_ptr<DeviceQueue> queue;
   uint64_t ticket = 0;
@@ -25,8 +26,9 @@ struct DeviceTicket {
 DeviceArgs device_args(const py::object& device);
 
 // Runs `fn` over host copies of `regions` as one collective ordered on args.stream
-// (core/device_queue.h). Synchronous: returns None once the host part is done and the
-// stream is ordered after the results. Async: returns (Work, DeviceTicket).
+// (core/device_queue.h). Synchronous: returns its DeviceTicket once the host part is done and
+// the stream is ordered after the results (the caller keeps the buffers referenced until the
+// ticket is done). Async: returns (Work, DeviceTicket).
 py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                          const DeviceArgs& args, std::vector<StagedRegion> regions,
                          std::function<void(Deadline, uint8_t* const*)> fn);
