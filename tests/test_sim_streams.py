@@ -401,3 +401,28 @@ def dropped_buffer_body(rank, world, store):
 def test_synchronous_calls_keep_their_buffers_until_the_device_is_done():
     for rank, bad in enumerate(run_ranks(2, dropped_buffer_body, timeout=300)):
         assert not bad, f"rank {rank}: " + "; ".join(bad)
+
+
+def current_device_body(rank, world, store):
+    """Calls for sim:0 from a thread whose current device is sim:1 leave it sim:1, as torch's
+    current device must stay across a collective on another device."""
+    import pyring
+    from pyring import _C
+    from pyring.testing import sim
+
+    seen = []
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        x = sim.SimArray(4096, torch.float32, 0)
+        x.fill_(1.0)
+        _C.sim_set_device(1)
+        comm.all_reduce(x)
+        seen.append(_C.sim_current_device())
+        comm.all_reduce(x, async_op=True).wait()
+        seen.append(_C.sim_current_device())
+        seen.append(x.to_host()[0].item())
+    return seen
+
+
+def test_calls_restore_the_callers_current_device():
+    for seen in run_ranks(2, current_device_body, env={"PYRING_SIM_DEVICES": "2"}, timeout=120):
+        assert seen == [1, 1, 4.0], seen

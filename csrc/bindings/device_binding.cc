@@ -52,6 +52,8 @@ void register_sim(py::module_& m) {
     sim_runtime().copy_async(index, ptr(dst), ptr(src), bytes, s);
   });
   m.def("sim_set_delay_us", [](int us) { sim_runtime().set_delay_us(us); });
+  m.def("sim_current_device", [] { return sim_runtime().current_device(); });
+  m.def("sim_set_device", [](int index) { sim_runtime().make_current(index); });
   m.def("sim_set_capturing",
         [](int index, StreamId s, bool on) { sim_runtime().set_capturing(index, s, on); });
   m.def(

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include "core/types.h"
@@ -49,6 +50,15 @@ class DeviceRuntime {
   virtual DeviceKind kind() const = 0;
   // Usable devices; 0 where there is no driver or no device (never throws).
   virtual int device_count() = 0;
+
+  // Makes device `index` current on the calling thread (CUDA: cudaSetDevice, which also binds
+  // its primary context for the driver's calls) and returns the device current before, -1
+  // when unknown. Throws CudaError. Use DeviceGuard rather than calling it.
+  virtual int make_current(int index) = 0;
+  // Makes `previous` current again where it has a context already; restoring a device that
+  // has none would create one (CUDA's primary context takes memory on that device), so the
+  // device made current stays. Never throws.
+  virtual void restore_current(int previous) noexcept = 0;
 
   virtual void* alloc(int index, size_t bytes) = 0;
   virtual void free(int index, void* p) noexcept = 0;
@@ -104,6 +114,34 @@ class DeviceRuntime {
   virtual IpcHandle ipc_handle(int index, void* p) = 0;
   virtual void* ipc_open(int index, const IpcHandle& h) = 0;
   virtual void ipc_close(int index, void* p) noexcept = 0;
+};
+
+// Device `index` current for the scope of one runtime call, and the caller's device current
+// again after it: torch's current device is the thread's CUDA device, which a call for another
+// device must not move. The nothrow form, for noexcept methods, leaves a failure to the call
+// that follows.
+class DeviceGuard {
+ public:
+  DeviceGuard(DeviceRuntime& rt, int index) : rt_(rt), index_(index) {
+    previous_ = rt.make_current(index);
+  }
+  DeviceGuard(DeviceRuntime& rt, int index, const std::nothrow_t&) noexcept
+      : rt_(rt), index_(index) {
+    try {
+      previous_ = rt.make_current(index);
+    } catch (...) {
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != index_) rt_.restore_current(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  DeviceRuntime& rt_;
+  int index_;
+  int previous_ = -1;
 };
 
 // The runtime of `kind` (kCuda or kSim). Throws InvalidArgument for kCpu, and CudaError for

@@ -46,6 +46,7 @@ struct DriverApi {
   PFN_cuGetErrorString_v6000 error_string = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
   PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
+  PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_state = nullptr;
   std::string missing;
 };
 
@@ -85,6 +86,7 @@ const DriverApi& driver() {
     lookup("cuGetErrorString", &a.error_string, &a.missing);
     lookup("cuDeviceGet", &a.device_get, &a.missing);
     lookup("cuDeviceGetAttribute", &a.device_attribute, &a.missing);
+    lookup("cuDevicePrimaryCtxGetState", &a.primary_ctx_state, &a.missing);
     return a;
   }();
   return api;
@@ -134,36 +136,32 @@ CUdeviceptr to_address(const void* p) {
 // current for the driver functions (a thread's default device 0 has no current context).
 thread_local bool t_context_bound = false;
 
-// Makes device `index` and its primary context current on the calling thread, and leaves them
-// current: restoring the previous device would create a context on the default device 0 in a
-// process that uses another one. Throws CudaError.
-void use_device(int index) {
-  int current = -1;
-  PYRING_CUDA_CHECK_ON(index, cudaGetDevice(&current));
-  if (current != index || !t_context_bound) {
-    PYRING_CUDA_CHECK_ON(index, cudaSetDevice(index));
-    t_context_bound = true;
-  }
-}
-
-// use_device for the noexcept methods: a failure is left to the call that follows.
-void use_device_nothrow(int index) noexcept {
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess) {
-    cudaGetLastError();
-  } else if (current == index && t_context_bound) {
-    return;
-  }
-  if (cudaSetDevice(index) == cudaSuccess) {
-    t_context_bound = true;
-  } else {
-    cudaGetLastError();
-  }
-}
-
 class CudaRuntime final : public DeviceRuntime {
  public:
   DeviceKind kind() const override { return DeviceKind::kCuda; }
+
+  int make_current(int index) override {
+    int current = -1;
+    PYRING_CUDA_CHECK_ON(index, cudaGetDevice(&current));
+    if (current != index || !t_context_bound) {
+      PYRING_CUDA_CHECK_ON(index, cudaSetDevice(index));
+      t_context_bound = true;
+    }
+    return current;
+  }
+
+  void restore_current(int previous) noexcept override {
+    const DriverApi& d = driver();
+    CUdevice dev = 0;
+    unsigned int flags = 0;
+    int active = 0;
+    if (d.device_get == nullptr || d.primary_ctx_state == nullptr ||
+        d.device_get(&dev, previous) != CUDA_SUCCESS ||
+        d.primary_ctx_state(dev, &flags, &active) != CUDA_SUCCESS || active == 0) {
+      return;
+    }
+    if (cudaSetDevice(previous) != cudaSuccess) cudaGetLastError();
+  }
 
   int device_count() override {
     int n = 0;
@@ -175,7 +173,7 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   void* alloc(int index, size_t bytes) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     void* p = nullptr;
     PYRING_CUDA_CHECK_ON(index, cudaMalloc(&p, bytes));
     return p;
@@ -183,13 +181,13 @@ class CudaRuntime final : public DeviceRuntime {
 
   void free(int index, void* p) noexcept override {
     if (p == nullptr) return;
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     if (cudaFree(p) != cudaSuccess) cudaGetLastError();
   }
 
   // Zeroed, mapped into every device's address space (portable and mapped).
   void* alloc_host(int index, size_t bytes) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     void* p = nullptr;
     PYRING_CUDA_CHECK_ON(index,
                          cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
@@ -199,12 +197,12 @@ class CudaRuntime final : public DeviceRuntime {
 
   void free_host(int index, void* p) noexcept override {
     if (p == nullptr) return;
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     if (cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
   }
 
   StreamId create_stream(int index) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cudaStream_t s = nullptr;
     PYRING_CUDA_CHECK_ON(index, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return reinterpret_cast<StreamId>(s);
@@ -212,17 +210,17 @@ class CudaRuntime final : public DeviceRuntime {
 
   void destroy_stream(int index, StreamId s) noexcept override {
     if (s == 0) return;  // the legacy default stream is not ours to destroy
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     if (cudaStreamDestroy(to_stream(s)) != cudaSuccess) cudaGetLastError();
   }
 
   void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     PYRING_CUDA_CHECK_ON(index, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_stream(s)));
   }
 
   void require_stream_flags(int index) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     const DriverApi& d = stream_mem_ops(index);
     PYRING_CHECK(d.device_get != nullptr && d.device_attribute != nullptr, CudaError,
                  "cannot ask CUDA device ", index, " for its stream memory operations (", d.missing,
@@ -237,7 +235,7 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     const DriverApi& d = stream_mem_ops(index);
     check_driver(
         d.write_value64(to_stream(s), to_address(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT),
@@ -245,19 +243,19 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     const DriverApi& d = stream_mem_ops(index);
     check_driver(d.wait_value64(to_stream(s), to_address(flag), value, CU_STREAM_WAIT_VALUE_GEQ),
                  "cuStreamWaitValue64", index);
   }
 
   void synchronize(int index, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     PYRING_CUDA_CHECK_ON(index, cudaStreamSynchronize(to_stream(s)));
   }
 
   bool is_capturing(int index, StreamId s) noexcept override {
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(to_stream(s), &status) != cudaSuccess) {
       cudaGetLastError();
@@ -267,7 +265,7 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   std::string stream_error(int index, StreamId s) noexcept override {
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     const cudaError_t err = cudaStreamQuery(to_stream(s));
     if (err == cudaSuccess || err == cudaErrorNotReady) return std::string();
     cudaGetLastError();
@@ -279,39 +277,39 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   void launch_out_of_bounds(int index, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     write_out_of_bounds<<<1, 32, 0, to_stream(s)>>>(reinterpret_cast<int*>(kUnmappedAddress));
     PYRING_CUDA_CHECK_ON(index, cudaGetLastError());
   }
 
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                          void* acc, size_t n, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cuda_reduce_accumulate(dtype, op, a, b, acc, n, to_ptr(s));
   }
 
   void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
                      size_t n, int world, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cuda_reduce_finish(dtype, op, a, b, out, n, world, to_ptr(s));
   }
 
   void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
                    int world, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cuda_finish_wide(dtype, op, acc, out, n, world, to_ptr(s));
   }
 
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cuda_cast(from, to, in, out, n, to_ptr(s));
   }
 
   // Holds the device's workspace until the encode has synchronized s.
   size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
                        uint8_t* out, OnebitHeader* header, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     OnebitWorkspace& ws = onebit_workspace(index);
     std::lock_guard<std::mutex> lock(ws.mu);
     if (ws.ptr == nullptr) {
@@ -322,14 +320,14 @@ class CudaRuntime final : public DeviceRuntime {
 
   void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
                      float alpha, bool accumulate, float* out, StreamId s) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     cuda_onebit_decode(header, encoded, n, alpha, accumulate, out, to_ptr(s));
   }
 
   // bytes: the cudaIpcMemHandle_t of p's allocation, then p's offset in it (8 bytes, host
   // order).
   IpcHandle ipc_handle(int index, void* p) override {
-    use_device(index);
+    DeviceGuard guard(*this, index);
     const DriverApi& d = driver();
     PYRING_CHECK(d.get_address_range != nullptr, CudaError,
                  "cuMemGetAddressRange is unavailable on CUDA device ", index, " (", d.missing,
@@ -352,7 +350,7 @@ class CudaRuntime final : public DeviceRuntime {
     uint64_t offset = 0;
     std::memcpy(&mem, h.bytes, sizeof(mem));
     std::memcpy(&offset, h.bytes + sizeof(mem), sizeof(offset));
-    use_device(index);
+    DeviceGuard guard(*this, index);
     void* base = nullptr;
     PYRING_CUDA_CHECK_ON(index, cudaIpcOpenMemHandle(&base, mem, cudaIpcMemLazyEnablePeerAccess));
     void* p = static_cast<char*>(base) + offset;
@@ -373,7 +371,7 @@ class CudaRuntime final : public DeviceRuntime {
       base = it->second.base;
       if (--it->second.opens == 0) ipc_opened_.erase(it);
     }
-    use_device_nothrow(index);
+    DeviceGuard guard(*this, index, std::nothrow);
     if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
   }
 

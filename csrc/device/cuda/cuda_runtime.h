@@ -1,8 +1,9 @@
 // The CUDA device: the device seam on the CUDA runtime (cudart, linked statically; the few driver
 // functions it needs are looked up at run time, so the module loads without a driver).
 //
-// - Every method that takes `index` makes that device current on the calling thread (when it
-//   is not already) and leaves it current.
+// - Every method that takes `index` makes that device current on the calling thread for the
+//   call (DeviceGuard) and the caller's device current again after it, where that device has a
+//   primary context already (none is created to restore it).
 // - Flags live in mapped pinned host memory from alloc_host(); write_flag and wait_flag queue
 //   the driver's stream memory operations on them (64-bit, wait: >=).
 // - onebit_encode uses one workspace per device, allocated on first use and never freed;

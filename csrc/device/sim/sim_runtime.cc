@@ -28,6 +28,9 @@ namespace pyring {
 
 namespace {
 
+// The calling thread's current sim device (CUDA's per-thread device; 0 by default).
+thread_local int t_current = 0;
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
@@ -59,8 +62,22 @@ class Sim final : public SimRuntime {
   DeviceKind kind() const override { return DeviceKind::kSim; }
   int device_count() override { return devices_; }
 
-  void* alloc(int index, size_t bytes) override {
+  int make_current(int index) override {
     check(index);
+    const int previous = t_current;
+    t_current = index;
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_made_.insert(index);
+    return previous;
+  }
+  void restore_current(int previous) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (contexts_made_.count(previous) > 0) t_current = previous;
+  }
+  int current_device() const override { return t_current; }
+
+  void* alloc(int index, size_t bytes) override {
+    DeviceGuard guard(*this, index);
     Quiesce q = quiesce(index, "alloc");
     return arena_.alloc(bytes, where(index).c_str());
   }
@@ -75,7 +92,7 @@ class Sim final : public SimRuntime {
   void release(int, void* p) noexcept override { arena_.free(p); }
 
   void* alloc_host(int index, size_t bytes) override {
-    check(index);
+    DeviceGuard guard(*this, index);
     Quiesce q = quiesce(index, "alloc_host");
     void* p = std::calloc(1, bytes == 0 ? 1 : bytes);
     PYRING_CHECK(p != nullptr, CudaError, "sim alloc_host of ", bytes, " bytes failed");
@@ -87,7 +104,7 @@ class Sim final : public SimRuntime {
   }
 
   StreamId create_stream(int index) override {
-    check(index);
+    DeviceGuard guard(*this, index);
     std::lock_guard<std::mutex> lock(mu_);
     StreamId id = next_stream_++;
     streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_, context(index));
@@ -166,17 +183,17 @@ class Sim final : public SimRuntime {
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                          void* acc, size_t n, StreamId s) override {
     load(index, Kernel::kReduceAccumulate);
-    submit(index, s, [=] { pyring::reduce_accumulate(dtype, op, a, b, acc, n); });
+    submit(index, s, [=] { grid_reduce_accumulate(dtype, op, a, b, acc, n); });
   }
   void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
                      size_t n, int world, StreamId s) override {
     load(index, Kernel::kReduceFinish);
-    submit(index, s, [=] { pyring::reduce_finish(dtype, op, a, b, out, n, world); });
+    submit(index, s, [=] { grid_reduce_finish(dtype, op, a, b, out, n, world); });
   }
   void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
                    int world, StreamId s) override {
     load(index, Kernel::kFinishWide);
-    submit(index, s, [=] { pyring::finish_wide(dtype, op, acc, out, n, world); });
+    submit(index, s, [=] { grid_finish_wide(dtype, op, acc, out, n, world); });
   }
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
@@ -282,7 +299,7 @@ class Sim final : public SimRuntime {
   // Queues fn on stream s of device `index`, as a runtime call that a synchronizing call of
   // another thread holds back (see the header).
   void submit(int index, StreamId s, std::function<void()> fn) {
-    check(index);
+    DeviceGuard guard(*this, index);
     // After a fault every call on the device returns it, as CUDA's calls return a sticky error.
     const SimContext& ctx = *context(index);
     PYRING_CHECK(!ctx.faulted(), CudaError, "sim:", index, " has faulted: ", ctx.fault());
@@ -358,6 +375,7 @@ class Sim final : public SimRuntime {
   std::mutex mu_;
   std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
   std::set<std::pair<int, StreamId>> capturing_;            // guarded by mu_
+  std::set<int> contexts_made_;           // devices some thread has made current; guarded by mu_
   std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_
   std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_
   StreamId next_stream_ = 1;                                                // guarded by mu_

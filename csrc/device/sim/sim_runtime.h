@@ -23,6 +23,9 @@
 //   makes ipc_handle and ipc_open throw CudaError, as a runtime that refuses IPC does.
 // - PYRING_SIM_STREAM_MEMOPS=off: the device has no stream memory operations, as a driver that
 //   disables them: require_stream_flags, write_flag and wait_flag throw CudaError.
+// - Current device: each thread has one (0 by default); the methods that allocate or queue
+//   work make theirs current for the call and restore the caller's (DeviceGuard), as the CUDA
+//   runtime does.
 // - Graph capture: set_capturing marks a stream as capturing (is_capturing), as
 //   cudaStreamBeginCapture does; nothing is recorded.
 #pragma once
@@ -43,6 +46,9 @@ class SimRuntime : public DeviceRuntime {
  public:
   // Queues `fn` on stream s of device `index`; it runs on the stream's thread.
   virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
+  // The calling thread's current device, as cudaGetDevice gives (make_current sets it, as
+  // cudaSetDevice does, and gives the device a context).
+  virtual int current_device() const = 0;
   // Marks stream s of device `index` as capturing a graph (is_capturing), or not.
   virtual void set_capturing(int index, StreamId s, bool on) = 0;
   // The delay bound in microseconds now in force; tests change it between phases.
