@@ -167,3 +167,17 @@ def common_device(comm: Any, op: str, views: list, names: list[str]) -> tuple | 
         raise ValueError(f"{op}: {names[0]} is on {device_name(first)} but rank {comm.rank} "
                          f"uses {bound}; move it there, or init pyring with that device")
     return first
+
+
+def release_cached_memory(device: str) -> None:
+    """pyring's cached-memory releaser (``_C.set_cached_memory_releaser``): when a device
+    allocation of pyring's own fails for want of memory, torch's caching allocator gives its
+    cached, unused blocks back (``torch.cuda.empty_cache``) and pyring tries once more."""
+    if device.startswith(KIND_NAMES[CUDA] + ":"):
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+_C.set_cached_memory_releaser(release_cached_memory)

@@ -303,7 +303,10 @@ class Communicator(PointToPoint):
         device to device (cuda_ipc; empty where device buffers are staged through the host).
         ``device_host_bytes`` are the bytes copied between this rank's devices and the host:
         staged buffers, and the encoded bytes of the compressed wires, whose codec runs on
-        the device."""
+        the device. ``device_memory`` is the device memory pyring holds in this process, by
+        device ('cuda:0': bytes): cuda_ipc inboxes, device scratch and the compressed wires'
+        residuals, allocated outside torch's caching allocator (a level, not a counter:
+        reset_stats leaves it)."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
@@ -330,6 +333,7 @@ class Communicator(PointToPoint):
                     "single_copy_bytes": p2p[2] - base_p2p[2]},
             "device_links": device_links,
             "device_host_bytes": self._c.device_host_bytes() - self._stats_base_crossing,
+            "device_memory": _C.device_memory_held(),
         }
 
     def debug_dump(self) -> list[dict[str, Any]]:

@@ -54,6 +54,22 @@ class PythonEntry {
   bool ok_;
 };
 
+// A Python callable that native threads may hold and drop without the GIL: the last owner's
+// release takes the GIL (and leaves the reference at interpreter exit, see PythonEntry). A
+// caller of fn holds a PythonEntry and the GIL.
+struct PyCallable {
+  explicit PyCallable(py::function f) : fn(f.release().ptr()) {}
+  ~PyCallable() {
+    PythonEntry entry;
+    if (!entry.ok()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(fn);
+  }
+  PyCallable(const PyCallable&) = delete;
+  PyCallable& operator=(const PyCallable&) = delete;
+  PyObject* fn;
+};
+
 // Destroying a communicator joins its progress and callback threads, and a callback may be
 // waiting for the GIL: the GIL is released for the destruction.
 struct ReleaseGilDelete {

@@ -48,17 +48,6 @@ std::atomic<bool> g_exiting{false};  // drain_python_callbacks() has run
 
 // Owns a Python callable held by the core, which may drop it on a thread without the GIL; at
 // interpreter exit the reference is left.
-struct PyCallable {
-  explicit PyCallable(py::function f) : fn(f.release().ptr()) {}
-  ~PyCallable() {
-    PythonEntry entry;
-    if (!entry.ok()) return;
-    py::gil_scoped_acquire gil;
-    Py_DECREF(fn);
-  }
-  PyObject* fn;
-};
-
 Communicator::HangAccount hang_account_from(py::function f) {
   auto held = std::make_shared<PyCallable>(std::move(f));
   return [held](uint64_t seq, const std::string& what) -> std::string {

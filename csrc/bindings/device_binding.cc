@@ -143,6 +143,36 @@ void register_device(py::module_& m) {
       "Copies bytes between device and host memory on `stream`, after the work queued on it, "
       "and returns once the copy is done (the host waits).");
   m.def(
+      "set_cached_memory_releaser",
+      [](py::object fn) {
+        if (fn.is_none()) {
+          set_cached_memory_releaser({});
+          return;
+        }
+        auto held = std::make_shared<PyCallable>(fn.cast<py::function>());
+        set_cached_memory_releaser([held](const Device& device) {
+          PythonEntry entry;
+          if (!entry.ok()) return;
+          py::gil_scoped_acquire gil;
+          try {
+            py::handle(held->fn)(device.str());
+          } catch (py::error_already_set& e) {  // the retry's failure says the memory is short
+            e.discard_as_unraisable("pyring's cached-memory releaser");
+          }
+        });
+      },
+      py::arg("fn"),
+      "fn(device name) asks the caching allocator beside pyring to release its cached device "
+      "memory; pyring calls it from any thread when a device allocation of its own fails, then "
+      "tries once more. None: nothing to ask.");
+  m.def("device_memory_held", [] {
+    py::dict d;
+    for (const auto& [name, bytes] : device_memory_held()) {
+      if (bytes > 0) d[py::str(name)] = bytes;
+    }
+    return d;
+  });
+  m.def(
       "launch_out_of_bounds",
       [](int kind, int index, StreamId stream) {
         DeviceRuntime& rt = device_runtime(device_kind_from_int(kind));

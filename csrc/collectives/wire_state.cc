@@ -104,7 +104,7 @@ WireState::Residuals WireState::residuals(const std::shared_ptr<DeviceQueue>& qu
       DeviceRuntime& rt = device_runtime(queue->device().kind);
       const int index = queue->device().index;
       const size_t total = worker.size() + server.size();
-      device_ = static_cast<uint16_t*>(rt.alloc(index, total * sizeof(uint16_t)));
+      device_ = static_cast<uint16_t*>(device_alloc(rt, index, total * sizeof(uint16_t)));
       queue_ = queue;
       queue->copy_async(device_, worker.data(), worker.size() * sizeof(uint16_t));
       queue->copy_async(device_ + worker.size(), server.data(), server.size() * sizeof(uint16_t));

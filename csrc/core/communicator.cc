@@ -222,6 +222,11 @@ void Communicator::execute(const CollectiveDesc& desc, const std::function<void(
   } catch (const CommError& e) {
     give_up(e, prefix());
     rethrow_with_prefix(prefix());
+  } catch (const CudaError& e) {
+    // A device that failed midway (out of memory, a failed launch) leaves the peers waiting
+    // for this rank's data: they are told, as for a link's failure.
+    give_up(CommError(e.what()), prefix());
+    rethrow_with_prefix(prefix());
   } catch (const std::exception& e) {
     failed(false, prefix() + e.what());
     rethrow_with_prefix(prefix());

@@ -36,7 +36,7 @@ DeviceQueue::~DeviceQueue() {
   rt_.destroy_stream(device_.index, stream_);
   free_retired(true);
   if (staging_) rt_.free_host(device_.index, staging_);
-  if (scratch_) rt_.free(device_.index, scratch_);
+  if (scratch_) device_free(rt_, device_.index, scratch_);
   rt_.free_host(device_.index, flags_);
 }
 
@@ -65,7 +65,7 @@ uint8_t* DeviceQueue::grow(uint8_t*& p, size_t& capacity, size_t bytes, bool hos
   bytes = std::max(bytes, 2 * capacity);
   capacity = 0;
   p = static_cast<uint8_t*>(host ? rt_.alloc_host(device_.index, bytes)
-                                 : rt_.alloc(device_.index, bytes));
+                                 : device_alloc(rt_, device_.index, bytes));
   capacity = bytes;
   return p;
 }
@@ -185,7 +185,7 @@ void DeviceQueue::free_retired(bool all) noexcept {
     now.swap(retired_);
   }
   for (const Retired& r : now) {
-    r.host ? rt_.free_host(device_.index, r.p) : rt_.free(device_.index, r.p);
+    r.host ? rt_.free_host(device_.index, r.p) : device_free(rt_, device_.index, r.p);
   }
 }
 

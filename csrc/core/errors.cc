@@ -13,6 +13,10 @@ void rethrow_with_prefix(const std::string& prefix) {
     throw InvalidArgument(prefix + e.what());
   } catch (const TypeMismatch& e) {
     throw TypeMismatch(prefix + e.what());
+  } catch (const DeviceOutOfMemory& e) {
+    throw DeviceOutOfMemory(prefix + e.what());
+  } catch (const CudaError& e) {
+    throw CudaError(prefix + e.what());
   } catch (const Error& e) {
     throw Error(prefix + e.what());
   } catch (const std::exception& e) {

@@ -58,6 +58,12 @@ class CudaError : public Error {
   using Error::Error;
 };
 
+// A device allocation failed for want of memory (cudaErrorMemoryAllocation).
+class DeviceOutOfMemory : public CudaError {
+ public:
+  using CudaError::CudaError;
+};
+
 class InvalidArgument : public Error {
  public:
   using Error::Error;

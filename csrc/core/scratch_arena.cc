@@ -29,7 +29,7 @@ uint8_t* ScratchArena::allocate(size_t bytes) {
       p = rt_->alloc_host(index_, bytes);
       break;
     case Kind::kDevice:
-      p = rt_->alloc(index_, bytes);
+      p = device_alloc(*rt_, index_, bytes);
       break;
   }
   return static_cast<uint8_t*>(p);
@@ -44,7 +44,7 @@ void ScratchArena::release(uint8_t* p, size_t bytes) noexcept {
       rt_->free_host(index_, p);
       break;
     case Kind::kDevice:
-      rt_->free(index_, p);
+      device_free(*rt_, index_, p);
       break;
   }
 }

@@ -1,3 +1,5 @@
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "core/errors.h"
@@ -17,6 +19,79 @@ DeviceRuntime& device_runtime(DeviceKind kind) {
       break;
   }
   PYRING_THROW(InvalidArgument, "the host has no device runtime");
+}
+
+namespace {
+
+struct Held {
+  std::mutex mu;
+  std::map<void*, std::pair<Device, size_t>> sizes;  // guarded by mu
+  std::map<std::string, uint64_t> by_device;         // guarded by mu
+  std::function<void(const Device&)> releaser;       // guarded by mu
+};
+
+// Leaked on purpose: frees may run from threads that outlive static destruction.
+Held& held() {
+  static Held* h = new Held();
+  return *h;
+}
+
+}  // namespace
+
+void set_cached_memory_releaser(std::function<void(const Device&)> fn) {
+  std::lock_guard<std::mutex> lock(held().mu);
+  held().releaser = std::move(fn);
+}
+
+void* device_alloc(DeviceRuntime& rt, int index, size_t bytes) {
+  const Device device{rt.kind(), index};
+  void* p = nullptr;
+  try {
+    p = rt.alloc(index, bytes);
+  } catch (const DeviceOutOfMemory& e) {
+    std::function<void(const Device&)> release;
+    {
+      std::lock_guard<std::mutex> lock(held().mu);
+      release = held().releaser;
+    }
+    if (!release) throw;
+    release(device);
+    try {
+      p = rt.alloc(index, bytes);
+    } catch (const DeviceOutOfMemory& again) {
+      PYRING_THROW(DeviceOutOfMemory, again.what(),
+                   "; also after the caching allocator released its cached blocks (pyring holds ",
+                   device_memory_held_on(device), " bytes of ", device.str(), ")");
+    }
+  }
+  std::lock_guard<std::mutex> lock(held().mu);
+  held().sizes[p] = {device, bytes};
+  held().by_device[device.str()] += bytes;
+  return p;
+}
+
+void device_free(DeviceRuntime& rt, int index, void* p) noexcept {
+  if (p == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(held().mu);
+    auto it = held().sizes.find(p);
+    if (it != held().sizes.end()) {
+      held().by_device[it->second.first.str()] -= it->second.second;
+      held().sizes.erase(it);
+    }
+  }
+  rt.free(index, p);
+}
+
+uint64_t device_memory_held_on(const Device& device) {
+  std::lock_guard<std::mutex> lock(held().mu);
+  auto it = held().by_device.find(device.str());
+  return it == held().by_device.end() ? 0 : it->second;
+}
+
+std::vector<std::pair<std::string, uint64_t>> device_memory_held() {
+  std::lock_guard<std::mutex> lock(held().mu);
+  return {held().by_device.begin(), held().by_device.end()};
 }
 
 void check_not_capturing(const Device& device, StreamId stream) {

@@ -12,8 +12,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/types.h"
 #include "kernels/onebit.h"
@@ -143,6 +146,20 @@ class DeviceGuard {
   int index_;
   int previous_ = -1;
 };
+
+// pyring's device memory: every allocation of device memory pyring makes for itself (cuda_ipc
+// inboxes, device scratch, compressed wires' residuals) goes through these, which count what
+// is held per device. When the device is out of memory, device_alloc asks the releaser (the
+// caching allocator beside pyring: torch's empty_cache, set by the bindings) to give its cached
+// blocks back, and tries once more; DeviceOutOfMemory when that fails too. Any thread.
+void* device_alloc(DeviceRuntime& rt, int index, size_t bytes);
+void device_free(DeviceRuntime& rt, int index, void* p) noexcept;
+// Bytes of device memory pyring holds in this process: on one device, and by device name
+// ("cuda:0").
+uint64_t device_memory_held_on(const Device& device);
+std::vector<std::pair<std::string, uint64_t>> device_memory_held();
+// fn(device) releases the memory a caching allocator holds cached on device; empty: none.
+void set_cached_memory_releaser(std::function<void(const Device&)> fn);
 
 // The runtime of `kind` (kCuda or kSim). Throws InvalidArgument for kCpu, and CudaError for
 // kCuda when pyring was built without CUDA.

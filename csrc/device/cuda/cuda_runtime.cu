@@ -175,7 +175,13 @@ class CudaRuntime final : public DeviceRuntime {
   void* alloc(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
     void* p = nullptr;
-    PYRING_CUDA_CHECK_ON(index, cudaMalloc(&p, bytes));
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      PYRING_THROW(DeviceOutOfMemory, "cudaMalloc of ", bytes, " bytes failed on CUDA device ",
+                   index, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+    }
+    PYRING_CUDA_CHECK_ON(index, err);
     return p;
   }
 
@@ -313,7 +319,7 @@ class CudaRuntime final : public DeviceRuntime {
     OnebitWorkspace& ws = onebit_workspace(index);
     std::lock_guard<std::mutex> lock(ws.mu);
     if (ws.ptr == nullptr) {
-      PYRING_CUDA_CHECK_ON(index, cudaMalloc(&ws.ptr, cuda_onebit_workspace_bytes()));
+      ws.ptr = device_alloc(*this, index, cuda_onebit_workspace_bytes());
     }
     return cuda_onebit_encode(in, residual, pending, n, out, ws.ptr, header, to_ptr(s));
   }

@@ -57,6 +57,8 @@ class Sim final : public SimRuntime {
     refuse_ipc_ = ipc && std::strcmp(ipc, "refuse") == 0;
     const char* memops = std::getenv("PYRING_SIM_STREAM_MEMOPS");
     no_stream_flags_ = memops && std::strcmp(memops, "off") == 0;
+    const char* capacity = std::getenv("PYRING_SIM_CAPACITY");
+    capacity_ = capacity && *capacity ? std::strtoull(capacity, nullptr, 10) : 0;
   }
 
   DeviceKind kind() const override { return DeviceKind::kSim; }
@@ -79,17 +81,17 @@ class Sim final : public SimRuntime {
   void* alloc(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
     Quiesce q = quiesce(index, "alloc");
-    return arena_.alloc(bytes, where(index).c_str());
+    return take(index, bytes);
   }
   void* alloc_cached(int index, size_t bytes) override {
     check(index);
-    return arena_.alloc(bytes, where(index).c_str());
+    return take(index, bytes);
   }
   void free(int index, void* p) noexcept override {
     Quiesce q = quiesce(index, "free");
-    arena_.free(p);
+    give_back(p);
   }
-  void release(int, void* p) noexcept override { arena_.free(p); }
+  void release(int, void* p) noexcept override { give_back(p); }
 
   void* alloc_host(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
@@ -198,34 +200,24 @@ class Sim final : public SimRuntime {
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
     load(index, Kernel::kCast);
-    submit(index, s, [=] { wire_cast(from, to, in, out, n); });
+    submit(index, s, [=] { grid_cast(from, to, in, out, n); });
   }
   size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
                        uint8_t* out, OnebitHeader* header, StreamId s) override {
     load(index, Kernel::kOnebitEncode);
     size_t bytes = 0;
-    submit(index, s, [=, &bytes] {
-      float p = pending;
-      bytes = pyring::onebit_encode_deferred(in, residual, residual ? &p : nullptr, n, out);
-      std::memcpy(header, out, sizeof(OnebitHeader));
-    });
+    submit(index, s,
+           [=, &bytes] { bytes = grid_onebit_encode(in, residual, pending, n, out, header); });
     synchronize(index, s);
     return bytes;
   }
   void onebit_decode(int index, const OnebitHeader& header, const uint8_t* encoded, size_t n,
                      float alpha, bool accumulate, float* out, StreamId s) override {
     load(index, Kernel::kOnebitDecode);
-    // The host decoder reads the header in front of the signs: the caller's, as on the device.
+    // The caller's header, copied: the stream runs after the call has returned.
     OnebitHeader h = header;
     PYRING_CHECK_ARG(h.zeros != kMaskCached, "device segments never use the mask caches");
-    submit(index, s, [=] {
-      const size_t payload = onebit_max_bytes(n) - sizeof(OnebitHeader);
-      std::unique_ptr<uint8_t[]> seg(new uint8_t[sizeof(OnebitHeader) + payload]);
-      std::memcpy(seg.get(), &h, sizeof h);
-      const size_t have = (h.zeros == kMaskFollows ? 2 : 1) * ((n + 7) / 8);
-      std::memcpy(seg.get() + sizeof h, encoded + sizeof h, have);
-      pyring::onebit_decode(seg.get(), n, alpha, accumulate, out);
-    });
+    submit(index, s, [=] { grid_onebit_decode(h, encoded, n, alpha, accumulate, out); });
   }
 
   IpcHandle ipc_handle(int index, void* p) override {
@@ -347,6 +339,40 @@ class Sim final : public SimRuntime {
     PYRING_CHECK(!no_stream_flags_, CudaError, call, " failed on ", where(index),
                  ": CUresult 801 (operation not supported): PYRING_SIM_STREAM_MEMOPS=off");
   }
+  // Device memory within the device's capacity (PYRING_SIM_CAPACITY); DeviceOutOfMemory past
+  // it, as cudaMalloc's cudaErrorMemoryAllocation.
+  void* take(int index, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t& used = used_[index];
+      PYRING_CHECK(capacity_ == 0 || used + bytes <= capacity_, DeviceOutOfMemory, "sim alloc of ",
+                   bytes, " bytes on ", where(index),
+                   ": cudaErrorMemoryAllocation (out of memory): ", used, " of its ", capacity_,
+                   " bytes (PYRING_SIM_CAPACITY) in use");
+      used += bytes;
+    }
+    void* p = nullptr;
+    try {
+      p = arena_.alloc(bytes, where(index).c_str());
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      used_[index] -= bytes;
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    taken_[p] = {index, bytes};
+    return p;
+  }
+  void give_back(void* p) noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = taken_.find(p);
+      if (it == taken_.end()) return;
+      used_[it->second.first] -= it->second.second;
+      taken_.erase(it);
+    }
+    arena_.free(p);
+  }
   std::shared_ptr<SimContext> context(int index) const {
     return contexts_[static_cast<size_t>(index)];
   }
@@ -368,6 +394,7 @@ class Sim final : public SimRuntime {
   const int devices_;
   bool refuse_ipc_ = false;
   bool no_stream_flags_ = false;
+  uint64_t capacity_ = 0;  // bytes per device; 0: unbounded
   std::atomic<int> delay_us_{0};
   SimArena arena_;
   std::vector<std::unique_ptr<std::shared_mutex>> device_mu_;  // one per device (quiesce)
@@ -375,6 +402,8 @@ class Sim final : public SimRuntime {
   std::mutex mu_;
   std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
   std::set<std::pair<int, StreamId>> capturing_;            // guarded by mu_
+  std::map<int, uint64_t> used_;                            // device -> bytes; guarded by mu_
+  std::map<void*, std::pair<int, size_t>> taken_;           // guarded by mu_
   std::set<int> contexts_made_;           // devices some thread has made current; guarded by mu_
   std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_
   std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_

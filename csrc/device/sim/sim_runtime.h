@@ -26,6 +26,8 @@
 // - Current device: each thread has one (0 by default); the methods that allocate or queue
 //   work make theirs current for the call and restore the caller's (DeviceGuard), as the CUDA
 //   runtime does.
+// - PYRING_SIM_CAPACITY=B: each device holds at most B bytes of device memory (alloc and
+//   alloc_cached); past it they throw DeviceOutOfMemory, as cudaMalloc fails.
 // - Graph capture: set_capturing marks a stream as capturing (is_capturing), as
 //   cudaStreamBeginCapture does; nothing is recorded.
 #pragma once

@@ -31,19 +31,19 @@ IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> sende
                    kPieceAlign, " below 4 GiB");
   PYRING_CHECK_ARG(!senders.empty(), "cuda_ipc needs at least one sender to give an inbox to");
   rt.require_stream_flags(device.index);
-  region = static_cast<uint8_t*>(rt.alloc(device.index, inbox_offset(senders.size(), 0)));
+  region = static_cast<uint8_t*>(device_alloc(rt, device.index, inbox_offset(senders.size(), 0)));
   try {
     handle = rt.ipc_handle(device.index, region);
     control = ShmSegment::create(control_name, local_world, nslots, kIpcControlSlotBytes);
   } catch (...) {
-    rt.free(device.index, region);
+    device_free(rt, device.index, region);
     throw;
   }
 }
 
 IpcState::~IpcState() {
   if (control) ShmSegment::unlink(control->name());
-  rt.free(device.index, region);
+  device_free(rt, device.index, region);
 }
 
 IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
