@@ -205,3 +205,72 @@ def test_ipc_trace_accounts_for_every_slot(tmp_path):
     summary = _ipc_trace.summarize_trace(prefix)
     assert summary["slots"] == 60 and summary["links"] == 2, summary
     assert summary["copy_us_median"] >= 0 and summary["hold_us_median"] >= 0, summary
+
+
+def late_close_body(rank, world, store, how):
+    """Both ranks map each other's region; rank 1 closes 1.5 s after rank 0 (or dies). Rank 0's
+    close waits for rank 1 to unmap its region, or returns once rank 1 is dead."""
+    import gc
+    import os
+    import time
+
+    import pyring
+    from pyring.testing import sim
+
+    comm = pyring.init(rank, world, store, set_default=False, device=f"sim:{rank}")
+    x = sim.SimArray(1 << 16, torch.float32, rank)
+    x.fill_(1.0)
+    comm.all_reduce(x)
+    store.set(f"ran/{rank}", "1")
+    store.wait([f"ran/{r}" for r in range(world)])
+    if rank == 1:
+        if how == "dies":
+            os._exit(0)
+        time.sleep(1.5)
+    start = time.monotonic()
+    comm.close()
+    del comm  # the links, and this rank's region, go with the communicator
+    gc.collect()
+    return {"close_s": time.monotonic() - start, "held": pyring._C.device_memory_held()}
+
+
+@pytest.mark.parametrize("how", ["closes", "dies"])
+def test_a_region_is_freed_only_once_its_sender_unmapped_it(how):
+    results = run_ranks(2, late_close_body, how, env={"PYRING_SIM_DEVICES": "2"},
+                        allow_failures=how == "dies", timeout=120)
+    first = results[0]
+    if how == "closes":
+        assert 1.0 < first["close_s"] < 5.0, first  # waited for rank 1's close
+    else:
+        assert first["close_s"] < 1.0, first  # a dead sender maps nothing
+    assert first["held"] == {}, first
+
+
+def unmapped_body(rank, world, store):
+    import ctypes
+
+    import pyring._C as C
+    from pyring.testing import sim
+
+    if rank == 0:
+        a = sim.SimArray(1 << 20, torch.float32, 0)  # 4 MiB: a file of its own
+        a.fill_(1.0).to_host()
+        store.set("h", C.sim_ipc_handle(0, a.ptr))
+        store.wait(["opened"])
+        C.sim_cuda_free(0, a.ptr)
+        a.ptr = 0
+        store.set("freed", b"1")
+        return "freed"
+    p = C.sim_ipc_open(0, store.get("h"))
+    view = (ctypes.c_float * 4).from_address(p)
+    before = view[0]
+    store.set("opened", b"1")
+    store.wait(["freed"])
+    view[0] = 2.0  # a late write into freed memory: must fault, not land
+    return ("wrote", before)
+
+
+def test_sim_freed_memory_faults_in_a_process_that_still_maps_it():
+    results = run_ranks(2, unmapped_body, allow_failures=True, timeout=60)
+    assert results[0] == "freed"
+    assert results[1] is None, results[1]  # killed by the fault (SIGBUS)

@@ -30,6 +30,14 @@ void register_sim(py::module_& m) {
   });
   m.def("sim_free", [](int index, uintptr_t p) { sim_runtime().release(index, ptr(p)); });
   m.def(
+      "sim_cuda_free",
+      [](int index, uintptr_t p) {
+        py::gil_scoped_release nogil;
+        sim_runtime().free(index, ptr(p));
+      },
+      "What cudaFree does: waits for the device's streams, then frees (and unmaps: a late "
+      "access faults) memory from sim_alloc.");
+  m.def(
       "sim_synchronize_device",
       [](int index) {
         py::gil_scoped_release nogil;

@@ -12,8 +12,10 @@ namespace pyring {
 
 void* SimArena::alloc(size_t bytes, const char* where) {
   const size_t len = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
+  const bool dedicated = len >= kDedicatedBytes;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& a : arenas_) {
+    if (a->dedicated != dedicated || (dedicated && a->bytes != len)) continue;
     for (auto it = a->free.begin(); it != a->free.end(); ++it) {
       if (it->second < len) continue;
       const size_t off = it->first, left = it->second - len;
@@ -25,7 +27,8 @@ void* SimArena::alloc(size_t bytes, const char* where) {
     }
   }
   auto a = std::make_unique<Arena>();
-  a->bytes = len > kArenaBytes ? len : kArenaBytes;
+  a->dedicated = dedicated;
+  a->bytes = dedicated ? len : kArenaBytes;
   a->fd = memfd_create("pyring-sim", MFD_CLOEXEC);
   PYRING_CHECK(a->fd >= 0, CudaError, "sim alloc on ", where,
                ": memfd_create: ", std::strerror(errno));
@@ -46,7 +49,7 @@ void* SimArena::alloc(size_t bytes, const char* where) {
   return base;
 }
 
-void SimArena::free(void* p) {
+void SimArena::free(void* p, bool unmap) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(static_cast<const uint8_t*>(p));
   if (it == live_.end()) return;
@@ -54,6 +57,21 @@ void SimArena::free(void* p) {
   size_t off = static_cast<size_t>(it->first - a->base), len = it->second.second;
   allocated_ -= len;
   live_.erase(it);
+  if (a->dedicated && unmap) {
+    // Truncated first: every mapping of the file, in any process, faults from here on. Where
+    // truncating fails the file is only closed: nothing reuses it, and a late write is lost.
+    const int truncated = ftruncate(a->fd, 0);
+    static_cast<void>(truncated);
+    munmap(a->base, a->bytes);
+    ::close(a->fd);
+    for (auto at = arenas_.begin(); at != arenas_.end(); ++at) {
+      if (at->get() == a) {
+        arenas_.erase(at);
+        break;
+      }
+    }
+    return;
+  }
   auto next = a->free.lower_bound(off);
   if (next != a->free.end() && next->first == off + len) {
     len += next->second;

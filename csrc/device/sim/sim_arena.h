@@ -1,6 +1,10 @@
-// The sim device's memory: shared-memory files (memfd) of at least kArenaBytes each, carved
-// first-fit into allocations. Freed memory stays mapped until the process exits (as a real
-// device's would stay addressable), so a copy queued before a free never faults.
+// The sim device's memory: shared-memory files (memfd). Allocations below kDedicatedBytes are
+// carved first-fit from files of kArenaBytes; larger ones get a file of their own. Memory freed
+// by free(p, false) (a caching allocator's stream-ordered free) stays mapped, and a large one's
+// file is kept for an allocation of the same size, so a copy queued before such a free never
+// faults. free(p, true) (cudaFree, after the device has drained) unmaps a large allocation and
+// truncates its file: a late access from this process or from one that opened it through an
+// IPC handle faults (SIGSEGV here, SIGBUS there) instead of landing in reused memory.
 #pragma once
 
 #include <cstddef>
@@ -22,10 +26,11 @@ class SimArena {
  public:
   static constexpr size_t kArenaBytes = 64 << 20;
   static constexpr size_t kAlign = 256;
+  static constexpr size_t kDedicatedBytes = 1 << 20;
 
   // Throws CudaError when no file can be made or mapped.
   void* alloc(size_t bytes, const char* where);
-  void free(void* p);
+  void free(void* p, bool unmap);
   // The arena holding `p` (any address inside an allocation); fd -1 when none does.
   SimArenaRef find(const void* p);
   size_t allocated_bytes();
@@ -35,6 +40,7 @@ class SimArena {
     uint8_t* base = nullptr;
     size_t bytes = 0;
     int fd = -1;
+    bool dedicated = false;         // one allocation's own file (kDedicatedBytes or more)
     std::map<size_t, size_t> free;  // offset -> bytes, coalesced
   };
   std::mutex mu_;

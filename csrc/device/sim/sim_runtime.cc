@@ -89,9 +89,9 @@ class Sim final : public SimRuntime {
   }
   void free(int index, void* p) noexcept override {
     Quiesce q = quiesce(index, "free");
-    give_back(p);
+    give_back(p, true);
   }
-  void release(int, void* p) noexcept override { give_back(p); }
+  void release(int, void* p) noexcept override { give_back(p, false); }
 
   void* alloc_host(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
@@ -363,7 +363,8 @@ class Sim final : public SimRuntime {
     taken_[p] = {index, bytes};
     return p;
   }
-  void give_back(void* p) noexcept {
+  // unmap: as free() (see SimArena::free).
+  void give_back(void* p, bool unmap) noexcept {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = taken_.find(p);
@@ -371,7 +372,7 @@ class Sim final : public SimRuntime {
       used_[it->second.first] -= it->second.second;
       taken_.erase(it);
     }
-    arena_.free(p);
+    arena_.free(p, unmap);
   }
   std::shared_ptr<SimContext> context(int index) const {
     return contexts_[static_cast<size_t>(index)];

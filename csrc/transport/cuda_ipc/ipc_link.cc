@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include "core/errors.h"
 #include "transport/shm/shm_link.h"
@@ -42,8 +43,36 @@ IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> sende
 }
 
 IpcState::~IpcState() {
-  if (control) ShmSegment::unlink(control->name());
-  device_free(rt, device.index, region);
+  if (!control) {
+    device_free(rt, device.index, region);
+    return;
+  }
+  ShmSegment::unlink(control->name());
+  int holder = 0;
+  if (importers_gone(kIpcUnmapWait, &holder)) {
+    device_free(rt, device.index, region);
+    return;
+  }
+  std::fprintf(stderr,
+               "[pyring WARN] cuda_ipc: process %d still maps this rank's device region on %s "
+               "after %lld s; it stays allocated (%zu bytes) rather than be reused under that "
+               "process's copies\n",
+               holder, device.str().c_str(), static_cast<long long>(kIpcUnmapWait.count()),
+               inbox_offset(senders.size(), 0));
+}
+
+bool IpcState::importers_gone(std::chrono::milliseconds wait, int* holder) const {
+  const Clock::time_point until = Clock::now() + wait;
+  for (;;) {
+    *holder = 0;
+    for (uint32_t i = 0; i < local_world; ++i) {
+      const int32_t pid = control->inbox_control(i)->importer.load(std::memory_order_acquire);
+      if (pid != 0 && process_alive(pid)) *holder = pid;
+    }
+    if (*holder == 0) return true;
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
@@ -67,6 +96,7 @@ IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_p
   if (prefix && *prefix) {
     trace_path_ = str_cat(prefix, ".", getpid(), ".", my_local_, "-", peer_local_, ".csv");
   }
+  if (theirs_region_) out_->importer.store(static_cast<int32_t>(getpid()));
 }
 
 IpcLink::~IpcLink() {
@@ -75,7 +105,10 @@ IpcLink::~IpcLink() {
   } catch (const std::exception&) {  // the device failed: nothing more will touch the flags
   }
   write_trace();
-  if (theirs_region_) mine_->rt.ipc_close(index(), theirs_region_);
+  if (theirs_region_) {
+    mine_->rt.ipc_close(index(), theirs_region_);
+    out_->importer.store(0);  // no copy of this link writes the peer's region any more
+  }
   mine_->rt.free_host(index(), flags_);
 }
 

@@ -37,13 +37,22 @@ namespace pyring {
 
 // The control segment's slot size: its slots are never used, only their lengths and counters.
 constexpr uint64_t kIpcControlSlotBytes = 8;
+// How long a closing rank waits for its senders to unmap its region before leaving it allocated.
+constexpr std::chrono::seconds kIpcUnmapWait{10};
 constexpr size_t kIpcTraceEvents = 1 << 20;
 
 // This rank's resources for the transport, made before the rendezvous (Transport::prepare).
+// The region is freed only once no sender maps it (each sender's link clears its inbox's
+// `importer` after its stream has drained and it has unmapped the region) or every sender that
+// does is dead; a sender still mapping it after kIpcUnmapWait leaves it allocated, with a
+// warning: freed memory that a peer's queued copies still write would corrupt what reuses it.
 struct IpcState {
   IpcState(Device device, uint32_t local_world, std::vector<int> senders, uint32_t nslots,
            size_t slot_bytes, const std::string& control_name);
   ~IpcState();
+  // Whether every sender has unmapped the region or died, waiting up to `wait`; the pid of
+  // one that has not in *holder.
+  bool importers_gone(std::chrono::milliseconds wait, int* holder) const;
   IpcState(const IpcState&) = delete;
   IpcState& operator=(const IpcState&) = delete;
 
@@ -82,7 +91,8 @@ class IpcLink final : public Link {
   IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
           std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region, size_t send_inbox,
           size_t recv_inbox, IpcStream stream);
-  // Waits for the stream, then unmaps the peer's region and frees the flags.
+  // Waits for the stream, then unmaps the peer's region (and says so in its inbox's
+  // `importer`) and frees the flags.
   ~IpcLink() override;
 
   const char* kind() const override { return "cuda_ipc"; }

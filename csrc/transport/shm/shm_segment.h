@@ -34,6 +34,10 @@ struct InboxControl {
   alignas(64) std::atomic<uint64_t> head;  // slots published by the sender
   uint32_t lens[kMaxSlots];                // bytes used in each slot, written before head
   alignas(64) std::atomic<uint64_t> tail;  // slots released by the receiver
+  // cuda_ipc: the pid of the sender's process while it maps the receiver's device region
+  // through this inbox (0: not mapped); the receiver frees the region only once it is 0, or
+  // that process is dead (IpcState).
+  std::atomic<int32_t> importer;
 };
 
 class ShmSegment {
