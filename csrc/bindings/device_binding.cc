@@ -46,7 +46,21 @@ void register_sim(py::module_& m) {
       "What cudaDeviceSynchronize does (and cudaMalloc, cudaFree or a kernel's first launch "
       "may): waits for every stream of the device, holding back other threads' work on it.");
   m.def("sim_allocated_bytes", [] { return sim_runtime().allocated_bytes(); });
-  m.def("sim_create_stream", [](int index) { return sim_runtime().create_stream(index); });
+  m.def(
+      "sim_create_stream",
+      [](int index, bool blocking) {
+        return blocking ? sim_runtime().create_blocking_stream(index)
+                        : sim_runtime().create_stream(index);
+      },
+      py::arg("index"), py::arg("blocking") = false);
+  m.def("sim_ipc_mappings", [] { return sim_runtime().ipc_mappings(); });
+  m.def(
+      "sim_write_flag",
+      [](int index, StreamId s, uintptr_t flag, uint64_t value) {
+        py::gil_scoped_release nogil;
+        sim_runtime().write_flag(index, s, static_cast<Flag*>(ptr(flag)), value);
+      },
+      "Queues the raise of the 64-bit flag at `flag` on stream s (write_flag).");
   m.def("sim_destroy_stream", [](int index, StreamId s) {
     py::gil_scoped_release nogil;
     sim_runtime().destroy_stream(index, s);

@@ -27,11 +27,13 @@ class SimStream:
     """A sim stream: a worker thread that runs its queue in order. ``SimStream(d, id=0)`` is
     device d's default stream."""
 
-    def __init__(self, device: int = 0, id: int | None = None) -> None:
+    def __init__(self, device: int = 0, id: int | None = None, blocking: bool = False) -> None:
+        """A new stream of sim device ``device`` (non-blocking, as torch's; ``blocking``: one
+        that synchronizes with the legacy default stream), or the existing stream ``id``."""
         self.device = device
         self._owned = id is None
         self.closed = False  # close() drained and destroyed it
-        self.id = _C.sim_create_stream(device) if id is None else id
+        self.id = _C.sim_create_stream(device, blocking) if id is None else id
 
     def launch(self, fn: Callable[[], Any]) -> None:
         """Queues fn() (it runs on the stream's thread, holding the GIL)."""

@@ -14,6 +14,7 @@
 #include <set>
 #include <shared_mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -98,20 +99,21 @@ class Sim final : public SimRuntime {
     Quiesce q = quiesce(index, "alloc_host");
     void* p = std::calloc(1, bytes == 0 ? 1 : bytes);
     PYRING_CHECK(p != nullptr, CudaError, "sim alloc_host of ", bytes, " bytes failed");
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_[static_cast<uint8_t*>(p)] = bytes == 0 ? 1 : bytes;
     return p;
   }
   void free_host(int index, void* p) noexcept override {
     Quiesce q = quiesce(index, "free_host");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned_.erase(static_cast<uint8_t*>(p));
+    }
     std::free(p);
   }
 
-  StreamId create_stream(int index) override {
-    DeviceGuard guard(*this, index);
-    std::lock_guard<std::mutex> lock(mu_);
-    StreamId id = next_stream_++;
-    streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_, context(index));
-    return id;
-  }
+  StreamId create_stream(int index) override { return make_stream(index, false); }
+  StreamId create_blocking_stream(int index) override { return make_stream(index, true); }
 
   void destroy_stream(int index, StreamId s) noexcept override {
     std::shared_ptr<SimStream> gone;
@@ -124,8 +126,10 @@ class Sim final : public SimRuntime {
     }
   }
 
+  // A copy to or from pageable host memory holds the host until it is done, as CUDA's does.
   void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
     submit(index, s, [=] { std::memcpy(dst, src, bytes); });
+    if (bytes > 0 && (pageable(dst) || pageable(src))) synchronize(index, s);
   }
 
   void require_stream_flags(int index) override {
@@ -136,11 +140,13 @@ class Sim final : public SimRuntime {
 
   void write_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
     check_stream_flags(index, "cuStreamWriteValue64");
+    check_flag(index, flag, "cuStreamWriteValue64");
     submit(index, s, [=] { raise_flag(*flag, value); });
   }
 
   void wait_flag(int index, StreamId s, Flag* flag, uint64_t value) override {
     check_stream_flags(index, "cuStreamWaitValue64");
+    check_flag(index, flag, "cuStreamWaitValue64");
     SimStream* st = &stream(index, s);
     submit(index, s, [=] {
       if (flag->load(std::memory_order_acquire) >= value) return;
@@ -238,6 +244,22 @@ class Sim final : public SimRuntime {
                  ": IPC refused (PYRING_SIM_IPC=refuse)");
     SimIpc h;
     std::memcpy(&h, handle.bytes, sizeof h);
+    PYRING_CHECK(h.pid != static_cast<int32_t>(getpid()), CudaError,
+                 "cudaIpcOpenMemHandle failed on ", where(index),
+                 ": cudaErrorInvalidContext (invalid device context): the handle was exported "
+                 "by this process, which cannot open it");
+    const IpcKey key{h.pid, h.fd, h.bytes};
+    {
+      // The same allocation opened again maps once, counted, as the CUDA driver does.
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = mappings_.find(key);
+      if (it != mappings_.end()) {
+        ++it->second.opens;
+        auto* p = it->second.base + h.offset;
+        opened_.insert({p, key});
+        return p;
+      }
+    }
     const std::string path = str_cat("/proc/", h.pid, "/fd/", h.fd);
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     PYRING_CHECK(fd >= 0, CudaError, "sim ipc_open of ", path, ": ", std::strerror(errno));
@@ -247,16 +269,25 @@ class Sim final : public SimRuntime {
     PYRING_CHECK(base != MAP_FAILED, CudaError, "sim ipc_open: mmap: ", std::strerror(err));
     auto* p = static_cast<uint8_t*>(base) + h.offset;
     std::lock_guard<std::mutex> lock(mu_);
-    opened_[p] = {static_cast<uint8_t*>(base), h.bytes};
+    mappings_[key] = IpcMapping{static_cast<uint8_t*>(base), h.bytes, 1};
+    opened_.insert({p, key});
     return p;
   }
 
+  // Each open is matched by one close; the mapping goes with the last.
   void ipc_close(int, void* p) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = opened_.find(static_cast<uint8_t*>(p));
     if (it == opened_.end()) return;
-    munmap(it->second.first, it->second.second);
+    auto m = mappings_.find(it->second);
     opened_.erase(it);
+    if (m == mappings_.end() || --m->second.opens > 0) return;
+    munmap(m->second.base, m->second.bytes);
+    mappings_.erase(m);
+  }
+  int ipc_mappings() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(mappings_.size());
   }
 
   void launch(int index, StreamId s, std::function<void()> fn) override {
@@ -296,7 +327,15 @@ class Sim final : public SimRuntime {
     const SimContext& ctx = *context(index);
     PYRING_CHECK(!ctx.faulted(), CudaError, "sim:", index, " has faulted: ", ctx.fault());
     std::shared_lock<std::shared_mutex> lock(*device_mu_[static_cast<size_t>(index)]);
-    stream(index, s).enqueue(std::move(fn));
+    SimStream& st = stream(index, s);
+    auto after = legacy_order(index, s, st);
+    if (!after.empty()) {
+      fn = [after = std::move(after), fn = std::move(fn)] {
+        for (const auto& [other, n] : after) other->wait_done(n);
+        fn();
+      };
+    }
+    st.enqueue(std::move(fn));
   }
   // A synchronizing call's hold on device `index`: no other thread queues work on it until the
   // call returns, and every stream of the device has drained (see the header).
@@ -374,6 +413,60 @@ class Sim final : public SimRuntime {
     }
     arena_.free(p, unmap);
   }
+  // What an operation queued on stream s now waits for under the legacy default stream's rules:
+  // on the legacy stream (0), the work queued so far on every blocking stream of the device; on
+  // a blocking stream, the work queued so far on the legacy stream.
+  std::vector<std::pair<std::shared_ptr<SimStream>, uint64_t>> legacy_order(int index, StreamId s,
+                                                                            SimStream& st) {
+    std::vector<std::pair<std::shared_ptr<SimStream>, uint64_t>> after;
+    if (s != 0 && !st.blocking()) return after;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, other] : streams_) {
+      if (key.first != index || other.get() == &st) continue;
+      if (s == 0 ? other->blocking() : key.second == 0) after.emplace_back(other, other->queued());
+    }
+    return after;
+  }
+  StreamId make_stream(int index, bool blocking) {
+    DeviceGuard guard(*this, index);
+    std::lock_guard<std::mutex> lock(mu_);
+    StreamId id = next_stream_++;
+    streams_[{index, id}] = std::make_shared<SimStream>(&delay_us_, context(index), blocking);
+    return id;
+  }
+  // Host memory that is neither pinned (alloc_host) nor the device's (its arenas, or a mapping
+  // opened through an IPC handle).
+  bool pageable(const void* p) {
+    if (arena_.find(p).fd >= 0) return false;
+    const auto* q = static_cast<const uint8_t*>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    return !within(pinned_, q) && !mapped_by_ipc(q);
+  }
+  bool mapped_by_ipc(const uint8_t* q) const {
+    for (const auto& [key, m] : mappings_) {
+      if (q >= m.base && q < m.base + m.bytes) return true;
+    }
+    return false;
+  }
+  static bool within(const std::map<uint8_t*, size_t>& ranges, const uint8_t* q) {
+    auto it = ranges.upper_bound(const_cast<uint8_t*>(q));
+    if (it == ranges.begin()) return false;
+    --it;
+    return q < it->first + it->second;
+  }
+  // A flag is a 64-bit word of mapped pinned memory (alloc_host), as the stream memory
+  // operations need: anything else fails as the driver's call does (CUDA_ERROR_INVALID_VALUE).
+  void check_flag(int index, const Flag* flag, const char* call) {
+    const auto* q = reinterpret_cast<const uint8_t*>(flag);
+    bool ok = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ok = within(pinned_, q) && within(pinned_, q + sizeof(Flag) - 1);
+    }
+    PYRING_CHECK(ok, CudaError, call, " failed on ", where(index),
+                 ": CUresult 1 (invalid argument): the flag at ", static_cast<const void*>(flag),
+                 " is not in mapped pinned memory from alloc_host");
+  }
   std::shared_ptr<SimContext> context(int index) const {
     return contexts_[static_cast<size_t>(index)];
   }
@@ -386,7 +479,7 @@ class Sim final : public SimRuntime {
       PYRING_CHECK_ARG(s == 0, "sim stream ", s, " does not exist on ", where(index));
       it = streams_
                .emplace(std::make_pair(index, s),
-                        std::make_shared<SimStream>(&delay_us_, context(index)))
+                        std::make_shared<SimStream>(&delay_us_, context(index), true))
                .first;
     }
     return *it->second;
@@ -401,10 +494,19 @@ class Sim final : public SimRuntime {
   std::vector<std::unique_ptr<std::shared_mutex>> device_mu_;  // one per device (quiesce)
   std::vector<std::shared_ptr<SimContext>> contexts_;          // one per device
   std::mutex mu_;
-  std::map<uint8_t*, std::pair<uint8_t*, size_t>> opened_;  // guarded by mu_
-  std::set<std::pair<int, StreamId>> capturing_;            // guarded by mu_
-  std::map<int, uint64_t> used_;                            // device -> bytes; guarded by mu_
-  std::map<void*, std::pair<int, size_t>> taken_;           // guarded by mu_
+  // An allocation's file as an IPC handle names it: (exporting pid, its fd, the file's bytes).
+  using IpcKey = std::tuple<int32_t, int32_t, uint64_t>;
+  struct IpcMapping {
+    uint8_t* base;
+    size_t bytes;
+    int opens;
+  };
+  std::map<IpcKey, IpcMapping> mappings_;          // guarded by mu_
+  std::multimap<uint8_t*, IpcKey> opened_;         // pointer handed out -> its file; mu_
+  std::map<uint8_t*, size_t> pinned_;              // alloc_host ranges; guarded by mu_
+  std::set<std::pair<int, StreamId>> capturing_;   // guarded by mu_
+  std::map<int, uint64_t> used_;                   // device -> bytes; guarded by mu_
+  std::map<void*, std::pair<int, size_t>> taken_;  // guarded by mu_
   std::set<int> contexts_made_;           // devices some thread has made current; guarded by mu_
   std::set<std::pair<int, int>> loaded_;  // (device, Kernel) launched once; guarded by mu_
   std::map<std::pair<int, StreamId>, std::shared_ptr<SimStream>> streams_;  // guarded by mu_

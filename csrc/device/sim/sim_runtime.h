@@ -14,7 +14,14 @@
 //   its pool and stream-ordered frees (pyring.testing.sim_torch). The first launch of each
 //   kernel on a device in a process does the same as the synchronizing calls (CUDA loads a
 //   kernel's module lazily, at its first launch).
-// - Flags: atomics in host memory, raised and waited on by stream threads and host threads.
+// - Flags: atomics in host memory from alloc_host, raised and waited on by stream threads and
+//   host threads; a flag anywhere else is refused, as the driver refuses it.
+// - Copies: one to or from pageable host memory (not alloc_host's, not the device's) holds the
+//   calling thread until it has run, as cudaMemcpyAsync does.
+// - Streams: stream 0 is the legacy default stream: work queued on it waits for the work queued
+//   before on every blocking stream (create_blocking_stream), and theirs waits for its.
+// - IPC: a handle opened in the process that exported it is refused (cudaErrorInvalidContext);
+//   one allocation opened twice maps once and stays mapped until closed twice.
 // - Kernels: the host kernels, run on the stream's thread.
 // - Faults: errors are sticky (sim_stream.h). launch_out_of_bounds faults the whole device, as an
 //   illegal address does a CUDA context: its streams stop, and every later call that queues work
@@ -46,6 +53,12 @@ constexpr const char* kSimIllegalAddress =
 
 class SimRuntime : public DeviceRuntime {
  public:
+  // A stream that synchronizes with the legacy default stream (cudaStreamCreate without
+  // cudaStreamNonBlocking); create_stream's streams do not.
+  virtual StreamId create_blocking_stream(int index) = 0;
+  // Mappings of other processes' allocations open now (the same allocation opened twice is
+  // one mapping, as CUDA counts its opens).
+  virtual int ipc_mappings() = 0;
   // Queues `fn` on stream s of device `index`; it runs on the stream's thread.
   virtual void launch(int index, StreamId s, std::function<void()> fn) = 0;
   // The calling thread's current device, as cudaGetDevice gives (make_current sets it, as

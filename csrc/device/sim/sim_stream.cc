@@ -20,8 +20,9 @@ std::string SimContext::fault() const {
   return fault_;
 }
 
-SimStream::SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context)
-    : delay_us_(delay_us), context_(std::move(context)) {
+SimStream::SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context,
+                     bool blocking)
+    : delay_us_(delay_us), context_(std::move(context)), blocking_(blocking) {
   thread_ = std::thread([this] {
     name_this_thread(kSimStreamThreadName);
     run();
@@ -53,6 +54,16 @@ void SimStream::synchronize() {
   lock.unlock();
   const std::string err = error();
   PYRING_CHECK(err.empty(), CudaError, "sim stream: ", err);
+}
+
+uint64_t SimStream::queued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_;
+}
+
+void SimStream::wait_done(uint64_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= n || stopping_.load(); });
 }
 
 std::string SimStream::error() {

@@ -40,8 +40,10 @@ class SimContext {
 
 class SimStream {
  public:
-  // `delay_us` is read before every operation; `context` is the device's.
-  SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context);
+  // `delay_us` is read before every operation; `context` is the device's. `blocking`: the
+  // stream synchronizes with the device's legacy default stream (CUDA's streams made without
+  // cudaStreamNonBlocking, and the legacy default stream itself).
+  SimStream(const std::atomic<int>* delay_us, std::shared_ptr<SimContext> context, bool blocking);
   // Runs what is queued, then stops the thread.
   ~SimStream();
   SimStream(const SimStream&) = delete;
@@ -51,6 +53,11 @@ class SimStream {
   // Blocks until every operation queued before the call has run. Throws CudaError with the
   // first error an operation of this stream threw (the stream's error is sticky, as CUDA's).
   void synchronize();
+  bool blocking() const { return blocking_; }
+  // Operations queued so far; wait_done(n) blocks until the first n have run (or the stream
+  // is being destroyed).
+  uint64_t queued();
+  void wait_done(uint64_t n);
   // The stream's sticky error (its own first failure, else its device's fault); "" if none.
   std::string error();
   const SimContext& context() const { return *context_; }
@@ -68,6 +75,7 @@ class SimStream {
 
   const std::atomic<int>* delay_us_;
   std::shared_ptr<SimContext> context_;
+  const bool blocking_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
