@@ -101,6 +101,32 @@ def measure_kernels(timeout: float) -> dict[str, Any]:
     return out
 
 
+# ----------------------------------------------------------------------------- device fault
+FAULT_LIMIT_S = 2.0
+FAULT_DEADLINE_S = 60.0  # the collectives' deadline: the fault must be reported long before it
+FAULT_CASES = (("faulted-before", 0.0), ("faults-while-waiting", 0.3))
+
+
+def measure_device_fault(timeout: float) -> dict[str, Any]:
+    """pyring.testing.faults.device_fault on 2 ranks sharing GPU 0: a kernel that writes out of
+    bounds on rank 0's stream, run before the all_reduce or while it waits. Every rank must raise
+    CommError naming cudaErrorIllegalAddress within FAULT_LIMIT_S."""
+    from .testing import faults
+
+    out: dict[str, Any] = {"limit_s": FAULT_LIMIT_S, "deadline_s": FAULT_DEADLINE_S, "cases": {}}
+    bad: list[str] = []
+    for name, late_s in FAULT_CASES:
+        results = launch(2, faults.device_fault, "cuda", FAULT_DEADLINE_S, late_s,
+                         timeout=timeout / len(FAULT_CASES))
+        out["cases"][name] = [r["error"] for r in results]
+        bad += [f"{name}: {b}" for b in faults.check_device_fault(results, FAULT_LIMIT_S)]
+    waited = [e[2] for errors in out["cases"].values() for e in errors if e is not None]
+    out["values"] = {"device_fault_s": max(waited)} if not bad else {}
+    if bad:
+        out["error"] = "; ".join(bad)
+    return out
+
+
 # ----------------------------------------------------------------------------- allreduce
 def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, warmup: int,
                    iters: int, timeout: float) -> dict[str, Any]:

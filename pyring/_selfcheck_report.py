@@ -24,6 +24,8 @@ TARGETS = (
      "2 ranks on one GPU, 64 MiB: pyring's time / (pinned D2H + H2D of 64 MiB) <= 1.5"),
     ("sanitizer", "sanitizer_errors", "<=", 0,
      "compute-sanitizer memcheck and racecheck: 0 errors over 2-rank allreduces on one GPU"),
+    ("device_fault", "device_fault_s", "<=", 2.0,
+     "a planted illegal address on rank 0's stream: CommError naming it on both ranks <= 2 s"),
     ("main_job", "loss_rel_diff", "<=", 0.02,
      "|GPU - CPU| / CPU final validation loss of examples/train.py <= 2%"),
 )

@@ -208,10 +208,18 @@ def step_allreduce(c: Check) -> dict[str, Any]:
     return in_child(c, "allreduce", 420)
 
 
-def child_measure(c: Check, name: str) -> dict[str, Any]:
-    from pyring._selfcheck_ranks import measure_allreduce, measure_kernels
+def step_device_fault(c: Check) -> dict[str, Any]:
+    return in_child(c, "device_fault", 120)
 
-    return measure_kernels(c.left(200)) if name == "kernels" else measure_allreduce(c.left)
+
+def child_measure(c: Check, name: str) -> dict[str, Any]:
+    from pyring._selfcheck_ranks import measure_allreduce, measure_device_fault, measure_kernels
+
+    if name == "kernels":
+        return measure_kernels(c.left(200))
+    if name == "device_fault":
+        return measure_device_fault(c.left(120))
+    return measure_allreduce(c.left)
 
 
 SANITIZER_TOOLS = ("memcheck", "racecheck")
@@ -310,10 +318,10 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
 # The measurements first, then the tests and the sanitizer, which may run long when they fail.
 STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "build": step_build, "kernels": step_kernels, "allreduce": step_allreduce,
-    "main_job": step_main_job, "gpu_tests": step_gpu_tests, "sanitizer": step_sanitizer,
-    "cpu_scaling": step_cpu_scaling}
+    "device_fault": step_device_fault, "main_job": step_main_job, "gpu_tests": step_gpu_tests,
+    "sanitizer": step_sanitizer, "cpu_scaling": step_cpu_scaling}
 # Skipped whole where no GPU is usable.
-GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "sanitizer")
+GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "device_fault", "sanitizer")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -329,7 +337,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", metavar="STEP,...",
                    help=f"steps not to run, recorded as skipped (of {', '.join(STEPS)})")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--child", choices=("kernels", "allreduce"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("kernels", "allreduce", "device_fault"),
+                   help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

@@ -16,7 +16,8 @@ import torch
 import pyring
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("build", "kernels", "allreduce", "main_job", "gpu_tests", "sanitizer", "cpu_scaling")
+STEPS = ("build", "kernels", "allreduce", "device_fault", "main_job", "gpu_tests", "sanitizer",
+         "cpu_scaling")
 
 
 def _positive(x: object) -> bool:
@@ -46,11 +47,11 @@ def test_quick_selfcheck(tmp_path):
     assert m["date"] and "cpu_model" in m and "git_sha" in m
     assert steps["build"] == {"skipped": "--no-build"}
 
-    for name in ("gpu_tests", "kernels", "allreduce", "sanitizer"):
+    for name in ("gpu_tests", "kernels", "allreduce", "device_fault", "sanitizer"):
         assert steps[name] == {"skipped": "torch.cuda.is_available() is False"}, name
     assert steps["main_job"]["gpu"] == {"skipped": "torch.cuda.is_available() is False"}
     assert all(t["met"] is None and t["value"] is None for t in doc["targets"])
-    assert res.stdout.count("skipped: torch.cuda.is_available() is False") == 4
+    assert res.stdout.count("skipped: torch.cuda.is_available() is False") == 5
 
     cpu = steps["main_job"]["cpu"]
     assert steps["main_job"]["status"] == "ok" and cpu["device"] == "cpu" and cpu["world"] == 2
@@ -63,6 +64,6 @@ def test_quick_selfcheck(tmp_path):
     assert {("compute", 1), ("compute", 2), ("pyring", 2), ("ddp-gloo", 2)} <= set(rows)
     assert all(_positive(r["step_s"]) and _positive(r["speedup"]) for r in rows.values())
 
-    assert len(doc["targets"]) == 6 and all("target" in t for t in doc["targets"])
+    assert len(doc["targets"]) == 7 and all("target" in t for t in doc["targets"])
     png = tmp_path / "selfcheck.png"
     assert png.exists() if doc["plot"] == str(png) else doc["plot"].startswith("no PNG")
