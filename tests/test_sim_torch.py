@@ -113,8 +113,10 @@ def test_training_on_sim_matches_cpu(bound):
     """Two ranks on one sim device, staged through the host or bound to it (cuda_ipc): DDP on
     the pyring backend (plain, with the bf16 hook and with the one-bit hook),
     DistributedOptimizer, OneBitAdam and PeriodicAveraging end with the parameters (and one-bit
-    residuals) of the same runs on the CPU, bit for bit: the sim device runs the host's
-    kernels."""
+    residuals) of the same runs on the CPU, bit for bit except the one-bit runs: the sim device
+    runs the CUDA kernels' bodies (kernels/host_grid.cc), whose one-bit encoder sums a segment's
+    squares in another order than the host's, so its scales differ in the last bits and a value
+    within that of zero may take the other sign, as on a GPU (test_gpu_collectives)."""
     cpu = run_ranks(2, training_body, "cpu", timeout=300)
     env = dict(_DELAY, PYRING_DEVICE="sim:0") if bound else _DELAY
     sim = run_ranks(2, training_body, "sim:0", env=env, timeout=300)
@@ -129,4 +131,13 @@ def test_training_on_sim_matches_cpu(bound):
         for name in c:
             assert len(c[name]) == len(s[name]) > 0, name
             for a, b in zip(c[name], s[name]):
-                assert np.array_equal(a, b), (rank, name, float(np.abs(a - b).max()))
+                if "onebit" not in name:
+                    assert np.array_equal(a, b), (rank, name, float(np.abs(a - b).max()))
+                    continue
+                rtol = 1e-5
+                if a.dtype == np.int16:  # kept residuals, as bfloat16 bits: to one rounding
+                    a, b = (torch.from_numpy(v).view(torch.bfloat16).float().numpy()
+                            for v in (a, b))
+                    rtol = 2**-7
+                far = int((abs(a - b) > 1e-5 + rtol * abs(a)).sum())
+                assert far <= max(1, a.size // 1000), (rank, name, far, float(np.abs(a - b).max()))

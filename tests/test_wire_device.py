@@ -1,7 +1,10 @@
 """The compressed wires on device buffers (the sim device): the codec runs on the device, only
 encoded bytes cross to the host, and the results, the exact tail and the one-bit state are
-those of the same calls on host tensors. The sim device delays every operation at random, so
-a missing stream wait shows as a wrong result."""
+those of the same calls on host tensors: bit for bit on the 16-bit wires; on the one-bit wire
+to the scales' rounding, since the sim runs the CUDA encoder's body (kernels/host_grid.cc),
+which sums a segment's squares in another order than the host's (a value within that of zero
+may take the other sign, as on a GPU: test_gpu_collectives). The sim device delays every
+operation at random, so a missing stream wait shows as a wrong result."""
 
 from __future__ import annotations
 
@@ -19,6 +22,16 @@ def _inputs(rank: int, n: int, step: int) -> torch.Tensor:
     x = torch.randn(n, generator=g)
     x[::97] = 0.0  # exact zeros: the one-bit masks and their caches
     return x
+
+
+def _onebit_close(host: torch.Tensor, dev: torch.Tensor) -> bool:
+    """dev is host to a few bfloat16 roundings, but for one value in 10,000 (one that took the
+    other sign)."""
+    if host.numel() == 0:
+        return dev.numel() == 0
+    host, dev = host.float(), dev.float()
+    far = (dev - host).abs() > 1e-5 * host.abs().max() + 2**-6 * host.abs()
+    return int(far.sum()) <= host.numel() // 10_000
 
 
 def _on_both(rank, world, store, n, wires, ops, dtype, steps, tail, topology=None):
@@ -43,7 +56,8 @@ def _on_both(rank, world, store, n, wires, ops, dtype, steps, tail, topology=Non
                 got = dev.to_host()
                 diff = (got.float() - host.float()).abs().max().item()
                 worst = max(worst, diff)
-                same = same and torch.equal(got, host)
+                same = same and (_onebit_close(host, got) if wire == "onebit" else
+                                 torch.equal(got, host))
                 if tail:
                     want = sum(_inputs(r, n, step).to(dtype)[n - tail:].double()
                                for r in range(world))
@@ -56,7 +70,7 @@ def _on_both(rank, world, store, n, wires, ops, dtype, steps, tail, topology=Non
             if wire == "onebit":
                 a, b = states[0].state_dict(), states[1].state_dict()
                 # Members of a group below its leader hold no state (both None).
-                state_same = all(a[k] is b[k] is None or torch.equal(a[k], b[k]) for k in a)
+                state_same = all(a[k] is b[k] is None or _onebit_close(a[k], b[k]) for k in a)
             out[f"{wire}/{op}"] = (worst, same, state_same)
     stats = comm.stats()
     comm.close()
@@ -169,7 +183,7 @@ def _moves(rank, world, store):
             moved.load_state_dict(sd)
             got = x.clone()
             all_reduce_wire(comm, got, "sum", "onebit", moved)
-        diffs.append(int((got != ref).sum()))
+        diffs.append(0 if _onebit_close(ref, got) else int((got != ref).sum()))
     comm.close()
     return diffs
 

@@ -5,6 +5,9 @@
 // A failed CUDA call throws CudaError naming the call and the device. Without CUDA built in,
 // each throws CudaError saying so. 16-byte vector loads are used where every pointer is
 // 16-byte aligned; other pointers take the scalar path.
+//
+// The kernels' bodies are kernels/reduce_functors.h and kernels/onebit_functors.h; the sim
+// device runs the same bodies on the host (kernels/host_grid.cc).
 #pragma once
 
 #include <cstddef>

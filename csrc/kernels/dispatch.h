@@ -1,6 +1,7 @@
 // The one kernel interface of the collectives: each function runs its kernel where `site`
 // says, on the host at once, or queued on a device stream through the device runtime
-// (device/runtime.h: the CUDA kernels, or the sim device's host kernels on its stream thread).
+// (device/runtime.h: the CUDA kernels, or on the sim device the same kernels' bodies run over
+// an emulated grid on its stream thread, kernels/host_grid.cc).
 // Arguments and element arithmetic as in kernels/reduce.h and kernels/wire_cast.h; no
 // collective calls those directly.
 //

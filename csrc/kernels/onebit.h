@@ -103,4 +103,12 @@ void onebit_uncache(uint8_t* encoded, size_t n, uint8_t* cache);
 void onebit_decode(const uint8_t* encoded, size_t n, float alpha, bool accumulate, float* out,
                    uint8_t* cache = nullptr);
 
+// cuda_onebit_encode and cuda_onebit_decode (kernels/cuda_kernels.h) with their bodies run on
+// the host over an emulated grid (kernels/host_grid.cc), for the sim device: the same
+// arguments, less the workspace and the stream; they run at once.
+size_t grid_onebit_encode(const float* in, uint16_t* residual, float pending, size_t n,
+                          uint8_t* out, OnebitHeader* header);
+void grid_onebit_decode(const OnebitHeader& header, const uint8_t* encoded, size_t n, float alpha,
+                        bool accumulate, float* out);
+
 }  // namespace pyring

@@ -28,4 +28,13 @@ void widen(DType dtype, const void* a, void* acc, size_t n);
 // out[i] = finish(a[i]) for a world of one rank: a copy, and avg divides by 1.
 void finish_single(DType dtype, const void* a, void* out, size_t n);
 
+// reduce_accumulate, reduce_finish and finish_wide as the CUDA kernels compute them
+// (cuda_reduce_accumulate, ...): their bodies run on the host over an emulated grid
+// (kernels/host_grid.cc), for the sim device.
+void grid_reduce_accumulate(DType dtype, ReduceOp op, const void* a, const void* b, void* acc,
+                            size_t n);
+void grid_reduce_finish(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
+                        int world);
+void grid_finish_wide(DType dtype, ReduceOp op, const void* acc, void* out, size_t n, int world);
+
 }  // namespace pyring

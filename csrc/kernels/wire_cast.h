@@ -17,4 +17,8 @@ void check_wire_cast(const char* fn, DType from, DType to);
 // out[i] = in[i] converted from `from` to `to`. Other pairs throw InvalidArgument.
 void wire_cast(DType from, DType to, const void* in, void* out, size_t n);
 
+// wire_cast as cuda_cast computes it: its body run on the host over an emulated grid
+// (kernels/host_grid.cc), for the sim device.
+void grid_cast(DType from, DType to, const void* in, void* out, size_t n);
+
 }  // namespace pyring

@@ -22,7 +22,8 @@
 //   before on every blocking stream (create_blocking_stream), and theirs waits for its.
 // - IPC: a handle opened in the process that exported it is refused (cudaErrorInvalidContext);
 //   one allocation opened twice maps once and stays mapped until closed twice.
-// - Kernels: the host kernels, run on the stream's thread.
+// - Kernels: the CUDA kernels' own bodies (kernels/reduce_functors.h, onebit_functors.h) over an
+//   emulated grid (kernels/host_grid.cc), run on the stream's thread.
 // - Faults: errors are sticky (sim_stream.h). launch_out_of_bounds faults the whole device, as an
 //   illegal address does a CUDA context: its streams stop, and every later call that queues work
 //   on it throws CudaError naming the fault.
