@@ -262,7 +262,7 @@ def unmapped_body(rank, world, store):
         store.set("freed", b"1")
         return "freed"
     p = C.sim_ipc_open(0, store.get("h"))
-    view = (ctypes.c_float * 4).from_address(p)
+    view = (ctypes.c_float * 4).from_address(C.sim_host_view(p))
     before = view[0]
     store.set("opened", b"1")
     store.wait(["freed"])

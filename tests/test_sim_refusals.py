@@ -1,8 +1,9 @@
 """The sim device refuses what CUDA refuses and waits where CUDA waits, so that code that
 passes on the sim does not fail on a GPU for one of these: an IPC handle opened by the process
 that exported it, the same allocation opened twice (one mapping, counted), a flag outside
-mapped pinned memory, a copy to pageable memory (holds the host), the legacy default stream
-(waits for, and is waited on by, blocking streams). pyring's own code passes under all of them:
+mapped pinned memory, host code reading a device address (it faults), a copy to pageable memory
+(holds the host), the legacy default stream (waits for, and is waited on by, blocking streams).
+pyring's own code passes under all of them:
 the sim suites (test_sim_streams, test_cuda_ipc, test_sim_matrix, ...) run on this sim."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def twice_body(rank, world, store):
     mappings = [C.sim_ipc_mappings()]
     C.sim_ipc_close(0, p)
     mappings.append(C.sim_ipc_mappings())
-    value = (ctypes.c_int32 * 4).from_address(q)[3]  # still mapped: opened twice, closed once
+    # Still mapped: opened twice, closed once.
+    value = (ctypes.c_int32 * 4).from_address(C.sim_host_view(q))[3]
     C.sim_ipc_close(0, q)
     mappings.append(C.sim_ipc_mappings())
     store.set("done", b"1")
@@ -57,6 +59,22 @@ def twice_body(rank, world, store):
 def test_the_same_allocation_opened_twice_maps_once_until_closed_twice():
     same, mappings, value = run_ranks(2, twice_body, timeout=60)[1]
     assert same and mappings == [1, 1, 0] and value == 3
+
+
+def host_read_body(rank, world, store, what):
+    from pyring.testing import sim
+
+    a = sim.SimArray(1024, torch.float32, 0)
+    a.fill_(3.0)
+    through_view = a.to_host()[0].item()  # the streams' view: readable
+    if what == "view":
+        return through_view
+    return (ctypes.c_float * 1).from_address(a.ptr)[0]  # the device address itself: faults
+
+
+def test_host_code_reading_device_memory_faults():
+    assert run_ranks(1, host_read_body, "view", timeout=60) == [3.0]
+    assert run_ranks(1, host_read_body, "address", allow_failures=True, timeout=60) == [None]
 
 
 def flag_body(rank, world, store):

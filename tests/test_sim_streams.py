@@ -309,7 +309,8 @@ def ipc_body(rank, world, store):
     p = C.sim_ipc_open(0, store.get("h"))
     import ctypes
 
-    got = torch.frombuffer((ctypes.c_int32 * 192).from_address(p), dtype=torch.int32).clone()
+    view = (ctypes.c_int32 * 192).from_address(C.sim_host_view(p))
+    got = torch.frombuffer(view, dtype=torch.int32).clone()
     C.sim_ipc_close(0, p)
     store.set("read", b"1")
     return got.tolist()

@@ -55,6 +55,11 @@ void register_sim(py::module_& m) {
       py::arg("index"), py::arg("blocking") = false);
   m.def("sim_ipc_mappings", [] { return sim_runtime().ipc_mappings(); });
   m.def(
+      "sim_host_view",
+      [](uintptr_t p) { return reinterpret_cast<uintptr_t>(sim_runtime().host_view(ptr(p))); },
+      "Where queued operations reach sim device address p (host code touching p itself faults, "
+      "as on a GPU).");
+  m.def(
       "sim_write_flag",
       [](int index, StreamId s, uintptr_t flag, uint64_t value) {
         py::gil_scoped_release nogil;

@@ -100,8 +100,9 @@ class SimArray:
         self.numel = n
         self.nbytes = n * torch.empty((), dtype=dtype).element_size()
         self.ptr = _C.sim_alloc(device, self.nbytes)
-        buf = (ctypes.c_uint8 * max(self.nbytes, 1)).from_address(self.ptr)
-        # The device memory seen from the host: touched only by queued operations.
+        buf = (ctypes.c_uint8 * max(self.nbytes, 1)).from_address(_C.sim_host_view(self.ptr))
+        # The device memory as the streams reach it: touched only by queued operations (self.ptr
+        # itself faults on the host, as a GPU's address does).
         self._mem = torch.frombuffer(buf, dtype=torch.uint8)[: self.nbytes].view(dtype).view(
             self.shape)
 

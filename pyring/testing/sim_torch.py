@@ -100,8 +100,8 @@ def is_sim(t: Any) -> bool:
 def _host_alias(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same memory (for queued kernels and host reads)."""
     st = t.untyped_storage()
-    cpu = torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"),
-                                                         st.nbytes())
+    cpu = torch._C._construct_storage_from_data_pointer(_C.sim_host_view(st.data_ptr()),
+                                                         torch.device("cpu"), st.nbytes())
     return torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.size(), t.stride())
 
 

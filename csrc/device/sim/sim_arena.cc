@@ -33,15 +33,21 @@ void* SimArena::alloc(size_t bytes, const char* where) {
   PYRING_CHECK(a->fd >= 0, CudaError, "sim alloc on ", where,
                ": memfd_create: ", std::strerror(errno));
   void* base = MAP_FAILED;
+  void* shadow = MAP_FAILED;
   if (ftruncate(a->fd, static_cast<off_t>(a->bytes)) == 0) {
-    base = mmap(nullptr, a->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+    base = mmap(nullptr, a->bytes, PROT_NONE, MAP_SHARED, a->fd, 0);
+    shadow = mmap(nullptr, a->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
   }
-  if (base == MAP_FAILED) {
+  if (base == MAP_FAILED || shadow == MAP_FAILED) {
     const int err = errno;
+    if (base != MAP_FAILED) munmap(base, a->bytes);
+    if (shadow != MAP_FAILED) munmap(shadow, a->bytes);
     ::close(a->fd);
     PYRING_THROW(CudaError, "sim alloc of ", bytes, " bytes on ", where, ": ", std::strerror(err));
   }
   a->base = static_cast<uint8_t*>(base);
+  a->shadow = static_cast<uint8_t*>(shadow);
+  by_base_[a->base] = a.get();
   if (a->bytes > len) a->free[len] = a->bytes - len;
   live_[a->base] = {a.get(), len};
   allocated_ += len;
@@ -63,7 +69,9 @@ void SimArena::free(void* p, bool unmap) {
     const int truncated = ftruncate(a->fd, 0);
     static_cast<void>(truncated);
     munmap(a->base, a->bytes);
+    munmap(a->shadow, a->bytes);
     ::close(a->fd);
+    by_base_.erase(a->base);
     for (auto at = arenas_.begin(); at != arenas_.end(); ++at) {
       if (at->get() == a) {
         arenas_.erase(at);
@@ -97,6 +105,17 @@ SimArenaRef SimArena::find(const void* p) {
   if (q >= it->first + it->second.second) return {};
   const Arena* a = it->second.first;
   return SimArenaRef{a->fd, a->bytes, static_cast<size_t>(q - a->base)};
+}
+
+uint8_t* SimArena::host_view(const void* p) {
+  const auto* q = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_base_.upper_bound(q);
+  if (it == by_base_.begin()) return nullptr;
+  --it;
+  const Arena* a = it->second;
+  if (q >= a->base + a->bytes) return nullptr;
+  return a->shadow + (q - a->base);
 }
 
 size_t SimArena::allocated_bytes() {

@@ -5,6 +5,10 @@
 // faults. free(p, true) (cudaFree, after the device has drained) unmaps a large allocation and
 // truncates its file: a late access from this process or from one that opened it through an
 // IPC handle faults (SIGSEGV here, SIGBUS there) instead of landing in reused memory.
+//
+// Device addresses are not host addresses: each file is mapped twice, once with no access (the
+// addresses alloc hands out, so that host code reading device memory faults, as on a GPU) and
+// once readable and writable (host_view: what the sim's streams run their operations on).
 #pragma once
 
 #include <cstddef>
@@ -31,13 +35,17 @@ class SimArena {
   // Throws CudaError when no file can be made or mapped.
   void* alloc(size_t bytes, const char* where);
   void free(void* p, bool unmap);
+  // Where the sim's own operations reach device address `p` (any address inside an arena);
+  // null when `p` is not sim device memory of this process.
+  uint8_t* host_view(const void* p);
   // The arena holding `p` (any address inside an allocation); fd -1 when none does.
   SimArenaRef find(const void* p);
   size_t allocated_bytes();
 
  private:
   struct Arena {
-    uint8_t* base = nullptr;
+    uint8_t* base = nullptr;    // the device addresses: no access
+    uint8_t* shadow = nullptr;  // the same file, readable and writable
     size_t bytes = 0;
     int fd = -1;
     bool dedicated = false;         // one allocation's own file (kDedicatedBytes or more)
@@ -45,6 +53,7 @@ class SimArena {
   };
   std::mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_;                // guarded by mu_
+  std::map<const uint8_t*, Arena*> by_base_;                  // guarded by mu_
   std::map<const uint8_t*, std::pair<Arena*, size_t>> live_;  // address -> (arena, bytes)
   size_t allocated_ = 0;                                      // guarded by mu_
 };

@@ -128,7 +128,7 @@ class Sim final : public SimRuntime {
 
   // A copy to or from pageable host memory holds the host until it is done, as CUDA's does.
   void copy_async(int index, void* dst, const void* src, size_t bytes, StreamId s) override {
-    submit(index, s, [=] { std::memcpy(dst, src, bytes); });
+    submit(index, s, [d = at(dst), r = at(src), bytes] { std::memcpy(d, r, bytes); });
     if (bytes > 0 && (pageable(dst) || pageable(src))) synchronize(index, s);
   }
 
@@ -191,29 +191,35 @@ class Sim final : public SimRuntime {
   void reduce_accumulate(int index, DType dtype, ReduceOp op, const void* a, const void* b,
                          void* acc, size_t n, StreamId s) override {
     load(index, Kernel::kReduceAccumulate);
-    submit(index, s, [=] { grid_reduce_accumulate(dtype, op, a, b, acc, n); });
+    submit(index, s, [=, a = at(a), b = at(b), acc = at(acc)] {
+      grid_reduce_accumulate(dtype, op, a, b, acc, n);
+    });
   }
   void reduce_finish(int index, DType dtype, ReduceOp op, const void* a, const void* b, void* out,
                      size_t n, int world, StreamId s) override {
     load(index, Kernel::kReduceFinish);
-    submit(index, s, [=] { grid_reduce_finish(dtype, op, a, b, out, n, world); });
+    submit(index, s, [=, a = at(a), b = at(b), out = at(out)] {
+      grid_reduce_finish(dtype, op, a, b, out, n, world);
+    });
   }
   void finish_wide(int index, DType dtype, ReduceOp op, const void* acc, void* out, size_t n,
                    int world, StreamId s) override {
     load(index, Kernel::kFinishWide);
-    submit(index, s, [=] { grid_finish_wide(dtype, op, acc, out, n, world); });
+    submit(index, s,
+           [=, acc = at(acc), out = at(out)] { grid_finish_wide(dtype, op, acc, out, n, world); });
   }
   void cast(int index, DType from, DType to, const void* in, void* out, size_t n,
             StreamId s) override {
     load(index, Kernel::kCast);
-    submit(index, s, [=] { grid_cast(from, to, in, out, n); });
+    submit(index, s, [=, in = at(in), out = at(out)] { grid_cast(from, to, in, out, n); });
   }
   size_t onebit_encode(int index, const float* in, uint16_t* residual, float pending, size_t n,
                        uint8_t* out, OnebitHeader* header, StreamId s) override {
     load(index, Kernel::kOnebitEncode);
     size_t bytes = 0;
-    submit(index, s,
-           [=, &bytes] { bytes = grid_onebit_encode(in, residual, pending, n, out, header); });
+    submit(index, s, [=, &bytes, in = at(in), residual = at(residual), out = at(out)] {
+      bytes = grid_onebit_encode(in, residual, pending, n, out, header);
+    });
     synchronize(index, s);
     return bytes;
   }
@@ -223,7 +229,9 @@ class Sim final : public SimRuntime {
     // The caller's header, copied: the stream runs after the call has returned.
     OnebitHeader h = header;
     PYRING_CHECK_ARG(h.zeros != kMaskCached, "device segments never use the mask caches");
-    submit(index, s, [=] { grid_onebit_decode(h, encoded, n, alpha, accumulate, out); });
+    submit(index, s, [=, encoded = at(encoded), out = at(out)] {
+      grid_onebit_decode(h, encoded, n, alpha, accumulate, out);
+    });
   }
 
   IpcHandle ipc_handle(int index, void* p) override {
@@ -263,13 +271,21 @@ class Sim final : public SimRuntime {
     const std::string path = str_cat("/proc/", h.pid, "/fd/", h.fd);
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     PYRING_CHECK(fd >= 0, CudaError, "sim ipc_open of ", path, ": ", std::strerror(errno));
-    void* base = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // Device addresses with no access, and the readable view the streams use (see SimArena).
+    void* base = mmap(nullptr, h.bytes, PROT_NONE, MAP_SHARED, fd, 0);
     int err = errno;
+    void* shadow = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (shadow == MAP_FAILED) err = errno;
     ::close(fd);
-    PYRING_CHECK(base != MAP_FAILED, CudaError, "sim ipc_open: mmap: ", std::strerror(err));
+    if (base == MAP_FAILED || shadow == MAP_FAILED) {
+      if (base != MAP_FAILED) munmap(base, h.bytes);
+      if (shadow != MAP_FAILED) munmap(shadow, h.bytes);
+      PYRING_THROW(CudaError, "sim ipc_open: mmap: ", std::strerror(err));
+    }
     auto* p = static_cast<uint8_t*>(base) + h.offset;
     std::lock_guard<std::mutex> lock(mu_);
-    mappings_[key] = IpcMapping{static_cast<uint8_t*>(base), h.bytes, 1};
+    mappings_[key] =
+        IpcMapping{static_cast<uint8_t*>(base), static_cast<uint8_t*>(shadow), h.bytes, 1};
     opened_.insert({p, key});
     return p;
   }
@@ -283,7 +299,17 @@ class Sim final : public SimRuntime {
     opened_.erase(it);
     if (m == mappings_.end() || --m->second.opens > 0) return;
     munmap(m->second.base, m->second.bytes);
+    munmap(m->second.shadow, m->second.bytes);
     mappings_.erase(m);
+  }
+  uint8_t* host_view(const void* p) override {
+    if (uint8_t* v = arena_.host_view(p)) return v;
+    const auto* q = static_cast<const uint8_t*>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, m] : mappings_) {
+      if (q >= m.base && q < m.base + m.bytes) return m.shadow + (q - m.base);
+    }
+    return const_cast<uint8_t*>(q);
   }
   int ipc_mappings() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -427,6 +453,12 @@ class Sim final : public SimRuntime {
     }
     return after;
   }
+  // Where the streams reach `p` (see the header); any thread.
+  template <class T>
+  T* at(T* p) {
+    return reinterpret_cast<T*>(host_view(p));
+  }
+
   StreamId make_stream(int index, bool blocking) {
     DeviceGuard guard(*this, index);
     std::lock_guard<std::mutex> lock(mu_);
@@ -497,7 +529,8 @@ class Sim final : public SimRuntime {
   // An allocation's file as an IPC handle names it: (exporting pid, its fd, the file's bytes).
   using IpcKey = std::tuple<int32_t, int32_t, uint64_t>;
   struct IpcMapping {
-    uint8_t* base;
+    uint8_t* base;    // the device addresses handed out: no access
+    uint8_t* shadow;  // the readable view
     size_t bytes;
     int opens;
   };

@@ -20,6 +20,8 @@
 //   calling thread until it has run, as cudaMemcpyAsync does.
 // - Streams: stream 0 is the legacy default stream: work queued on it waits for the work queued
 //   before on every blocking stream (create_blocking_stream), and theirs waits for its.
+// - Device addresses: host code reading or writing one faults (SIGSEGV), as on a GPU; the
+//   streams run on a second, readable view of the same memory (host_view, SimArena).
 // - IPC: a handle opened in the process that exported it is refused (cudaErrorInvalidContext);
 //   one allocation opened twice maps once and stays mapped until closed twice.
 // - Kernels: the CUDA kernels' own bodies (kernels/reduce_functors.h, onebit_functors.h) over an
@@ -57,6 +59,11 @@ class SimRuntime : public DeviceRuntime {
   // A stream that synchronizes with the legacy default stream (cudaStreamCreate without
   // cudaStreamNonBlocking); create_stream's streams do not.
   virtual StreamId create_blocking_stream(int index) = 0;
+  // Where the sim's streams, and the tests' own queued operations, reach device address `p`:
+  // the readable view of sim device memory (this process's or another's opened through an IPC
+  // handle); any other address as it is. Host code that reads a device address itself faults,
+  // as on a GPU.
+  virtual uint8_t* host_view(const void* p) = 0;
   // Mappings of other processes' allocations open now (the same allocation opened twice is
   // one mapping, as CUDA counts its opens).
   virtual int ipc_mappings() = 0;
