@@ -205,6 +205,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PYRING_SIM_IPC", "`refuse`", None,
             "the sim runtime refuses IPC handles, as a runtime without IPC does: device links "
             "fall back to staging", for_tests=True),
+    Setting("PYRING_SIM_STREAM_MEMOPS", "`off`", None,
+            "the sim device has no stream memory operations, as a driver that disables them: "
+            "the first device collective raises CudaError saying what to do", for_tests=True),
+    Setting("PYRING_SIM_CAPACITY", "bytes", None,
+            "each sim device holds at most this many bytes of device memory; past it an "
+            "allocation fails as cudaMalloc's out of memory does", for_tests=True),
     Setting("PYRING_SIMD", "`sse`", None,
             "the host's one-bit codec and float16 wire casts keep to their SSE2 and scalar "
             "forms where the CPU has AVX2; the two give the same bits, and tests check it",

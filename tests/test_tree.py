@@ -148,8 +148,9 @@ def test_counters_stats_structure():
     for rank, s in enumerate(run_ranks(2, stats_body)):
         peer = 1 - rank
         assert set(s) == {"bytes_sent", "bytes_received", "links", "calls", "p2p", "device_links",
-                          "device_host_bytes"}
+                          "device_host_bytes", "device_memory"}
         assert s["device_links"] == {} and s["device_host_bytes"] == 0  # host tensors only
+        assert s["device_memory"] == {}
         assert s["links"][peer]["transport"] == "shm"
         assert s["links"][peer]["bytes_sent"] == s["bytes_sent"] == 4000 + HEADER
         assert s["calls"] == {"ring": 0, "direct": 1, "tree": 0}
