@@ -6,10 +6,19 @@
 """
 
 import atexit as _atexit
+from pathlib import Path as _Path
 
-from . import _C, api
-from .api import DELEGATED as _DELEGATED
-from .api import (
+from . import _source_tree
+
+# From a clone's root the unbuilt tree shadows the installed package: its modules load from
+# the installed copy, or the import fails saying how to fix it (pyring/_source_tree.py).
+_installed = _source_tree.resolve(_Path(__file__).resolve().parent)
+if _installed is not None:
+    __path__[:] = _installed  # noqa: F821 (the package's own __path__)
+
+from . import _C, api  # noqa: E402
+from .api import DELEGATED as _DELEGATED  # noqa: E402
+from .api import (  # noqa: E402
     all_gather_into_tensor,
     all_reduce,
     barrier,
@@ -22,11 +31,11 @@ from .api import (
     reset_stats,
     stats,
 )
-from .communicator import Communicator
-from .errors import CommError, CommTimeout, CudaError, DesyncError, Error
-from .ops import ReduceOp
-from .topology import Topology
-from .work import Work
+from .communicator import Communicator  # noqa: E402
+from .errors import CommError, CommTimeout, CudaError, DesyncError, Error  # noqa: E402
+from .ops import ReduceOp  # noqa: E402
+from .topology import Topology  # noqa: E402
+from .work import Work  # noqa: E402
 
 __version__ = "0.1.0"
 
