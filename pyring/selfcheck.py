@@ -280,7 +280,8 @@ def _train(c: Check, name: str, device_args: list[str]) -> dict[str, Any]:
               c.left(420))
     if res["rc"] == 0 and path.exists():
         return {**json.loads(path.read_text()), "wall_s": res["wall_s"], "command": res["command"]}
-    return {**res, "error": f"train.py {res['ended']}"}
+    last = [line for line in res["tail"].splitlines() if line.strip()][-1:]
+    return {**res, "error": f"train.py {res['ended']}" + (f": {last[0][-300:]}" if last else "")}
 
 
 def step_main_job(c: Check) -> dict[str, Any]:
@@ -322,6 +323,16 @@ STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "sanitizer": step_sanitizer, "cpu_scaling": step_cpu_scaling}
 # Skipped whole where no GPU is usable.
 GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "device_fault", "sanitizer")
+# Run scripts of the source tree (examples/train.py, bench/training.py), which the installed
+# package does not hold: skipped outside a checkout unless --tree names one.
+TREE_STEPS = ("main_job", "cpu_scaling", "gpu_tests")
+
+
+def no_tree_reason() -> str | None:
+    if (tree() / "examples" / "train.py").exists():
+        return None
+    return ("needs a source tree (examples/, bench/, tests/): run from a clone, or pass "
+            "--tree CLONE")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -371,12 +382,18 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"selfcheck": "pyring", "command": [sys.executable, *me, *sys.argv[1:]],
                            "quick": args.quick, "tree": str(tree()), "steps": {}}
     path = c.out / "selfcheck.json"
+    no_gpu = no_gpu_reason(c.probe)
+    if no_gpu:
+        print(f"# no usable GPU here ({no_gpu}): the GPU steps are skipped, as expected; the "
+              f"build, the main job on the CPU and the CPU scaling still run (--quick: a short "
+              f"run; docs/gpus.md)", flush=True)
     for name, step in STEPS.items():
         print(f"[{name}] ", end="", flush=True)
         t = time.perf_counter()
         try:
             why = "--skip" if name in skip else (no_gpu_reason(c.probe) if name in GPU_STEPS
-                                                  else None)
+                                                  else None) or (no_tree_reason() if name in
+                                                                 TREE_STEPS else None)
             rec = {"skipped": why} if why else step(c)
         except Exception as e:
             rec = {"error": f"{type(e).__name__}: {e}"[-3000:], "traceback": traceback.format_exc()}

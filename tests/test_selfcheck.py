@@ -52,6 +52,8 @@ def test_quick_selfcheck(tmp_path):
     assert steps["main_job"]["gpu"] == {"skipped": "torch.cuda.is_available() is False"}
     assert all(t["met"] is None and t["value"] is None for t in doc["targets"])
     assert res.stdout.count("skipped: torch.cuda.is_available() is False") == 5
+    assert "# no usable GPU here (torch.cuda.is_available() is False): the GPU steps are " \
+        "skipped, as expected" in res.stdout
 
     cpu = steps["main_job"]["cpu"]
     assert steps["main_job"]["status"] == "ok" and cpu["device"] == "cpu" and cpu["world"] == 2
@@ -67,3 +69,21 @@ def test_quick_selfcheck(tmp_path):
     assert len(doc["targets"]) == 7 and all("target" in t for t in doc["targets"])
     png = tmp_path / "selfcheck.png"
     assert png.exists() if doc["plot"] == str(png) else doc["plot"].startswith("no PNG")
+
+
+def test_outside_a_checkout_the_tree_steps_are_skipped_naming_tree(tmp_path):
+    """Run from an installed package alone (no --tree, not in a clone): the steps that run the
+    tree's scripts are skipped with a line naming --tree, and the exit code says that what ran
+    passed."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    first = str(Path(pyring.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
+    res = subprocess.run(
+        [sys.executable, "-m", "pyring.selfcheck", "--quick", "--no-build", "--out",
+         str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=150)
+    doc = json.loads((tmp_path / "out" / "selfcheck.json").read_text())
+    assert res.returncode == 0 and doc["failed_steps"] == [], res.stdout[-3000:]
+    for name in ("main_job", "cpu_scaling"):
+        assert "--tree" in doc["steps"][name]["skipped"], doc["steps"][name]
+
