@@ -3,6 +3,7 @@ benchmarks that compare builds (callpath.py) or need an instrumented one (lsan.p
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -10,6 +11,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# What a build out of the tree needs besides a C++ compiler (pip install ".[bench]" has them).
+NEEDS = {"pybind11": "pybind11", "cmake": "cmake"}
+
+
+def check_needs(script: str) -> None:
+    """Exits with one line naming what `script`'s builds lack, before any work starts."""
+    missing = [pip for mod, pip in NEEDS.items()
+               if importlib.util.find_spec(mod) is None and shutil.which(mod) is None]
+    if missing:
+        sys.exit(f"{script} builds pyring out of the tree and needs {', '.join(missing)}: "
+                 f"pip install {' '.join(missing)} (or pip install \".[bench]\")")
 
 
 def build(ref: str, root: Path, build_type: str = "RelWithDebInfo",
@@ -24,6 +36,8 @@ def build(ref: str, root: Path, build_type: str = "RelWithDebInfo",
     src = out / "src"
     shutil.rmtree(out, ignore_errors=True)
     src.mkdir(parents=True)
+    print(f"# building {ref} ({sha}{tag}, {build_type}) into {out}: a few minutes the first time, "
+          f"reused after", flush=True)
     archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     import pybind11
@@ -39,8 +53,10 @@ def build(ref: str, root: Path, build_type: str = "RelWithDebInfo",
                     f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
                     f"-DPython_EXECUTABLE={sys.executable}", *extra], check=True,
                    capture_output=True)
+    print("# configured; compiling", flush=True)
     subprocess.run(["cmake", "--build", str(out / "build"), f"-j{os.cpu_count()}"], check=True,
                    capture_output=True)
+    print("# built", flush=True)
     for package in ("pyring", "_pyring_autoload"):
         if (src / package).is_dir():
             shutil.copytree(src / package, pkg / package)

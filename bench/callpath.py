@@ -44,7 +44,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-from _build import build  # noqa: E402
+from _build import build, check_needs  # noqa: E402
 from machine import describe  # noqa: E402
 
 RANK_SCRIPT = """
@@ -157,6 +157,7 @@ def main() -> int:
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    check_needs("bench/callpath.py")
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         sys.exit("callpath.py needs valgrind (apt-get install -y valgrind)")
     result: dict[str, Any] = {"benchmark": "callpath", "command": sys.argv, "machine": describe(),

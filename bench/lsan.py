@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _build import build
+from _build import build, check_needs
 from machine import describe
 
 from pyring.testing.native_fuzz import Unavailable, seeds
@@ -110,6 +110,7 @@ def main() -> int:
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    check_needs("bench/lsan.py")
     pkg = build(args.ref, ROOT / "build" / "lsan", build_type="Debug",
                 flags=("-fsanitize=address", "-fno-omit-frame-pointer", "-O1", "-g"),
                 tag="-asan")
