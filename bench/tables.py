@@ -246,14 +246,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="change nothing; exit 1 naming each table that differs from its file")
     args = ap.parse_args(argv)
     failed = False
+    checked = tables = 0
     for page in pages():
         text, stale, errors = process(page)
+        checked += 1
+        tables += text.count("<!-- table:")
         for line in errors + (stale if args.check else []):
             print(line, file=sys.stderr)
         failed |= bool(errors) or (args.check and bool(stale))
         if not args.check and stale:
             page.write_text(text)
             print(f"rewrote {len(stale)} table(s) in {page.relative_to(ROOT)}")
+    if args.check:
+        print(f"checked {tables} generated table(s) in {checked} page(s): "
+              f"{'some differ (above)' if failed else 'all match their JSON files'}")
     return 1 if failed else 0
 
 

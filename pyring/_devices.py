@@ -133,6 +133,12 @@ def _cuda_index_of(obj: Any) -> int:
             return getattr(dev, attr)
     import torch
 
+    if not torch.cuda.is_available():
+        raise ValueError("a __cuda_array_interface__ object that names no device: CUDA is not "
+                         f"available to this torch ({torch.__version__}"
+                         f"{', a CPU build' if torch.version.cuda is None else ''}), which "
+                         "pyring asks for the array's device; give the object a `device` "
+                         "attribute, or use a torch built with CUDA on a machine with a GPU")
     return torch.as_tensor(obj, device="cuda").device.index
 
 

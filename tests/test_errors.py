@@ -392,3 +392,31 @@ def test_work_wait_timeout_then_completes():
     early, value = run_ranks(2, _late_peer, timeout=60)[0]
     assert "Timed out" in early and "not complete after 0.1 s" in early
     assert value == 2.0
+
+
+class _HostCudaArray:
+    """A __cuda_array_interface__ object that names no device (float64, host memory behind it:
+    never read, as the call must refuse first)."""
+
+    def __init__(self) -> None:
+        self.a = np.zeros(4, np.float64)
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "version": 3,
+                                         "data": (self.a.ctypes.data, False), "strides": None}
+
+
+def cuda_interface_body(rank, world, store):
+    import pyring
+
+    with pyring.init(rank, world, store, set_default=False) as comm:
+        try:
+            comm.all_reduce(_HostCudaArray())
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def test_a_cuda_array_without_cuda_in_torch_names_the_cause():
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    (message,) = run_ranks(1, cuda_interface_body, timeout=60)
+    assert message is not None and "CUDA is not available to this torch" in message, message
