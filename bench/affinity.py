@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _results import add_replace_flag, result_path
+
 BENCH = Path(__file__).resolve().parent
 
 SETTINGS = ("auto", "off")
@@ -93,6 +95,7 @@ def main() -> int:
     p.add_argument("--train-steps", type=int, default=60)
     p.add_argument("--tag", default="vm")
     p.add_argument("--out", default=None)
+    add_replace_flag(p)
     args = p.parse_args()
     args.bytes = parse_bytes(args.bytes, "--bytes")
     lat: dict[str, list[float]] = {s: [] for s in SETTINGS}
@@ -117,7 +120,7 @@ def main() -> int:
            "definitions": {
                "latency_us": "per run, the slower rank's median time of one allreduce",
                "train_median_step_s": "per round, examples/train.py's median step (2 ranks)"}}
-    out = Path(args.out or BENCH / "results" / f"affinity_{args.load}_{args.tag}.json")
+    out = result_path(f"affinity_{args.load}_{args.tag}", args.out, args.replace)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for s in SETTINGS:
         v = lat[s]

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import _allreduce_rank as rank_job
+from _results import add_replace_flag, result_path
 
 BENCH = Path(__file__).resolve().parent
 PEERS = ("gloo", "mpi", "oneccl", "memcpy", "tcp")
@@ -339,6 +340,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per job")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
+    add_replace_flag(ap)
     args = ap.parse_args(argv)
     args.libs = _libs(args)
     args.sizes = _sizes(args.sizes)
@@ -373,7 +375,7 @@ def main() -> int:
     import busy
     from machine import describe
 
-    result = Path(args.out or BENCH / "results" / f"allreduce_{args.tag}.json")
+    result = result_path(f"allreduce_{args.tag}", args.out, args.replace)
     quiet_memcpy = busy.memcpy_gbps()
     runs = []
     with busy.Load(args.load) as load:

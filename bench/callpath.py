@@ -45,6 +45,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 from _build import build, check_needs  # noqa: E402
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
 RANK_SCRIPT = """
@@ -156,6 +157,7 @@ def main() -> int:
     ap.add_argument("--bytes", type=int, default=4096)
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
+    add_replace_flag(ap)
     args = ap.parse_args()
     check_needs("bench/callpath.py")
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
@@ -173,7 +175,7 @@ def main() -> int:
         result["builds"][ref] = {"sha": pkg.parent.name, "package": str(pkg), "layers": row,
                                  "counts": counts}
         print(f"{ref:>12} " + " ".join(f"{row[c]:>10.0f}" for c in cols), flush=True)
-    out = Path(args.out or BENCH / "results" / f"callpath_{args.tag}.json")
+    out = result_path(f"callpath_{args.tag}", args.out, args.replace)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"# json: {out}")
     return 0

@@ -33,6 +33,7 @@ import sys
 import time
 
 import torch
+from _results import add_replace_flag, result_path  # noqa: E402
 from _tasks import TASKS  # noqa: E402
 from machine import describe  # noqa: E402
 from torch import nn
@@ -157,8 +158,11 @@ def main() -> None:
     add_optimizer_args(ap)
     ap.add_argument("--freeze-sweep", default="10,40", help="more OneBitAdam freeze steps")
     ap.add_argument("--methods", help="a subset of the methods, comma-separated")
-    ap.add_argument("--out", default="bench/results/convergence_vm.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: see --replace)")
+    add_replace_flag(ap)
     args = ap.parse_args()
+    args.out = str(result_path("convergence_vm", args.out, args.replace))
     methods = ["adamw_fp32", "adamw_bf16", "adamw_onebit", "onebit_adam", "periodic"]
     methods += ["zero_one_adam"]
     methods += [f"onebit_adam_{f}" for f in args.freeze_sweep.split(",") if f]

@@ -55,6 +55,7 @@ from typing import Any
 import _alphabeta as ab
 import _tree_model as tm
 from _measured import aggregate, load_points
+from _results import add_replace_flag, result_path  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results"
@@ -224,6 +225,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tree vs ring, repeatable (default: "
                    + " ".join(tm.TREE_TOPOLOGIES.values()) + ")")
     p.add_argument("--tag", default="model")
+    add_replace_flag(p)
     return p.parse_args(argv)
 
 
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         tree[name] = tm.predict(spec, lambda c: link(c, classes))
         tm.print_prediction(name, tree[name])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"costmodel_{args.tag}.json"
+    out = result_path(f"costmodel_{args.tag}", None, args.replace)
     doc = {"benchmark": "costmodel", "command": sys.argv, "fit_files": fit_paths,
            "scaling_files": scaling_paths, "mode": args.mode, "presets": PRESETS,
            "fits": fits, "cross_world": cw, "scaling_validation": sc, "workload": workload,

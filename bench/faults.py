@@ -30,8 +30,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
 from pyring import _emulate, _hang
@@ -44,8 +44,6 @@ from pyring.testing.faults import (
     stuck_rank,
 )
 from pyring.testing.partition import check_partition, run_partition
-
-BENCH = Path(__file__).resolve().parent
 
 
 def _trial(fn, check) -> dict:
@@ -103,6 +101,7 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=5.0, help="the stuck rank's sleep, seconds")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
+    add_replace_flag(ap)
     args = ap.parse_args()
     if args.sleep <= args.timeout:
         ap.error("--sleep must exceed --timeout, or the late rank arrives in time")
@@ -131,7 +130,7 @@ def main() -> int:
             for p in t["problems"]:
                 print(f"  {name} trial {i}: {p}")
     passed = all(t["ok"] for trials in cases.values() for t in trials)
-    out = Path(args.out or BENCH / "results" / f"faults_{args.tag}.json")
+    out = result_path(f"faults_{args.tag}", args.out, args.replace)
     out.write_text(json.dumps({
         "benchmark": "faults", "machine": describe(),
         "command": ["python", "bench/faults.py", *sys.argv[1:]], "timeout_s": args.timeout,

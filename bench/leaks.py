@@ -21,14 +21,12 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
 from pyring.launch import run_ranks
-
-BENCH = Path(__file__).resolve().parent
 
 
 def rss_bytes() -> int:
@@ -103,6 +101,7 @@ def main() -> int:
     ap.add_argument("--transport", choices=("shm", "tcp"))
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
+    add_replace_flag(ap)
     args = ap.parse_args()
     if not 0 < args.warmup < args.count:
         ap.error("--warmup must be between 0 and --count")
@@ -120,7 +119,7 @@ def main() -> int:
               + ("ok" if all(v.values()) else f"MISSED {[k for k, ok in v.items() if not ok]}"))
     print(f"# {args.count} communicators per rank ({args.transport or 'shm'}); /dev/shm entries "
           f"after the job: {left}; {'all targets met' if passed else 'a target was missed'}")
-    out = Path(args.out or BENCH / "results" / f"leaks_{args.tag}.json")
+    out = result_path(f"leaks_{args.tag}", args.out, args.replace)
     out.write_text(json.dumps({"benchmark": "leaks", "machine": describe(),
                                "command": ["python", "bench/leaks.py", *sys.argv[1:]],
                                "count": args.count, "warmup": args.warmup, "bytes": args.bytes,

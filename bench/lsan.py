@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from _build import build, check_needs
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
 from pyring.testing.native_fuzz import Unavailable, seeds
@@ -109,6 +110,7 @@ def main() -> int:
     ap.add_argument("--fuzz-runs", type=int, default=100_000)
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", default=None)
+    add_replace_flag(ap)
     args = ap.parse_args()
     check_needs("bench/lsan.py")
     pkg = build(args.ref, ROOT / "build" / "lsan", build_type="Debug",
@@ -122,7 +124,7 @@ def main() -> int:
     print(f"fuzzer: {fuzz}"[:300], flush=True)
     passed = job["exit_code"] == 0 and job["pyring_leaks"] == 0 and \
         ("skipped" in fuzz or (fuzz["exit_code"] == 0 and fuzz["leak_reports"] == 0))
-    out = Path(args.out or BENCH / "results" / f"lsan_{args.tag}.json")
+    out = result_path(f"lsan_{args.tag}", args.out, args.replace)
     out.write_text(json.dumps({"benchmark": "lsan", "machine": describe(),
                                "command": ["python", "bench/lsan.py", *sys.argv[1:]],
                                "asan_options": ASAN_OPTIONS, "calls": args.calls,

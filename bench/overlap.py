@@ -38,9 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 HOOKS = ("onebit", "bf16", "fp16", "fp32", "noop")
 
 
@@ -165,6 +165,7 @@ def main() -> None:
                    help="record each step's hook calls and collectives (start, duration) in ms "
                         "from the step's start")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_replace_flag(p)
     args = p.parse_args()
     if args.worker:
         return _rank(json.loads(args.worker))
@@ -217,7 +218,7 @@ def main() -> None:
     targets = {f"{n}: step <= 0.75 x (compute + exchange)": s["step_over_sum"] <= 0.75
                if 0.5 <= s["exchange_over_compute"] <= 2 else None for n, s in summary.items()}
     print(json.dumps(targets, indent=1))
-    out = ROOT / "bench" / "results" / f"overlap_{args.rate}_{args.tag}.json"
+    out = result_path(f"overlap_{args.rate}_{args.tag}", None, args.replace)
     out.write_text(json.dumps({"machine": describe(), "command": " ".join(["python"] + sys.argv),
                                "link": link, "config": cfg, "summary": summary,
                                "targets": targets, "per_rank": ranks}, indent=1))

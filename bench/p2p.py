@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
 PINGPONG_BYTES = 4096
@@ -159,8 +160,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pingpong-iters", type=int, default=2000)
     ap.add_argument("--a2a-iters", type=int, default=30)
-    ap.add_argument("--out", default="bench/results/p2p_vm.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: see --replace)")
+    add_replace_flag(ap)
     args = ap.parse_args()
+    args.out = str(result_path("p2p_vm", args.out, args.replace))
     rows: dict[str, dict[str, list[float]]] = {
         b: {"send_recv_4KiB_oneway_us": [], "all_to_all_single_4ranks_1MiB_pair_ms": []}
         for b in ("pyring", "gloo")}

@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+from _results import add_replace_flag, result_path
+
 METHODS = ["local", "ddp_gloo_adamw", "adamw_fp32", "adamw_bf16", "onebit_adam", "periodic"]
 BASELINES = ("local", "ddp_gloo_adamw", "adamw_fp32")  # the others may run --more times longer
 
@@ -84,9 +86,12 @@ def main() -> None:
     ap.add_argument("--more", type=int, default=2,
                     help="the compressed methods may run this many times --steps to reach "
                          "the target")
-    ap.add_argument("--out", default="bench/results/slowlink_vm.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: see --replace)")
+    add_replace_flag(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.out = str(result_path("slowlink_vm", args.out, args.replace))
     if args.worker:
         _worker(args)
         return

@@ -26,6 +26,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 import torch  # noqa: E402
+from _results import add_replace_flag, result_path  # noqa: E402
 from _soak_mix import Mix  # noqa: E402
 from leaks import rss_bytes  # noqa: E402
 from machine import describe  # noqa: E402
@@ -317,6 +318,7 @@ def main() -> int:
                     help="malloc_trim before each memory sample (glibc returns its free pages)")
     ap.add_argument("--tag", default="vm")
     ap.add_argument("--out", help="where to write the JSON (default bench/results/soak_TAG.json)")
+    add_replace_flag(ap)
     args = ap.parse_args()
     out: dict[str, Any] = {"machine": describe(), "command": " ".join(sys.argv)}
     ok = True
@@ -357,7 +359,7 @@ def main() -> int:
               flush=True)
         out["kill_trials"] = k
         ok &= k["passed"] == k["trials"]
-    path = args.out or os.path.join(HERE, "results", f"soak_{args.tag}.json")
+    path = str(result_path(f"soak_{args.tag}", args.out, args.replace))
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)
     print(f"wrote {path}")

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
 from pyring import _C
@@ -77,6 +77,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tag", default="vm")
+    add_replace_flag(p)
     args = p.parse_args()
     nbytes = parse_bytes(args.bytes, "--bytes")
     res = run_ranks(2, _rank, nbytes, args.rounds, args.iters, timeout=1800)
@@ -92,8 +93,7 @@ def main() -> int:
         "device_over_sum": ratio, "median_device_over_sum": statistics.median(ratio),
         "wrong": [r[1] for r in res],
     }
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                        f"staging_{args.tag}.json")
+    path = result_path(f"staging_{args.tag}", None, args.replace)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"{nbytes >> 20} MiB, 2 ranks, median of {args.rounds} rounds: host "

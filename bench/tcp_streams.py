@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
 from pyring.config import parse_bytes
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--bytes", default="64M", help="whole MiB")
     ap.add_argument("--rounds", type=int, default=15, help="at most 64")
     ap.add_argument("--tag", default="vm")
+    add_replace_flag(ap)
     args = ap.parse_args()
     nbytes = parse_bytes(args.bytes, "--bytes")
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +46,7 @@ def main() -> int:
         print(f"{v['variant']:>9} x{v['streams']}  {v['mean_ms']:8.2f} ms mean, "
               f"{v['best_ms']:.2f} best ({variants[0]['mean_ms'] / v['mean_ms']:.2f}x the rate "
               f"of one stream's send/recv)")
-    path = BENCH / "results" / f"tcp_streams_{args.tag}.json"
+    path = result_path(f"tcp_streams_{args.tag}", None, args.replace)
     path.write_text(json.dumps({"benchmark": "tcp_streams", "machine": describe(),
                                 "command": ["python", "bench/tcp_streams.py", *sys.argv[1:]],
                                 "bytes": nbytes, "rounds": args.rounds,

@@ -50,9 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-
 import torch  # noqa: E402
+from _results import add_replace_flag, result_path
 from _train_step import METHODS  # noqa: E402
 
 # Set for every rank unless --default-malloc: glibc then never hands freed heap memory back to
@@ -132,6 +131,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--tag", default=socket.gethostname())
     p.add_argument("--out", default=None, help="JSON path (scaling: the PNG beside it)")
+    add_replace_flag(p)
     args = p.parse_args(argv)
     col = MODES.index(args.mode)
     for name, _, *defaults, _ in OPTIONS:
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = f"{'training' if args.mode == 'step' else 'scaling'}_{tag}"
     if torchrun:
         stem += f"_w{os.environ['WORLD_SIZE']}"
-    out = Path(args.out) if args.out else BENCH_DIR / "results" / f"{stem}.json"
+    out = result_path(stem, args.out, args.replace)
     out.parent.mkdir(parents=True, exist_ok=True)
     load0, t0 = os.getloadavg(), time.perf_counter()
     if load0[0] > 1.5 and not (args.merge or torchrun):

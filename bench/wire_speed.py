@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
 WIRES = ("fp32", "fp16", "bf16", "onebit")
@@ -88,6 +89,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tag", default=socket.gethostname())
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    add_replace_flag(p)
     args = p.parse_args()
     if args.worker:
         return _worker_main(json.loads(args.worker))
@@ -109,7 +111,7 @@ def main() -> None:
                {"onebit >= 12x faster": ratios["fp32_over_onebit"] >= 12,
                 "bf16 >= 1.8x faster": ratios["fp32_over_bf16"] >= 1.8})
     print(json.dumps(targets, indent=1))
-    out = Path(__file__).resolve().parent / "results" / f"wire_speed_{args.where}_{args.tag}.json"
+    out = result_path(f"wire_speed_{args.where}_{args.tag}", None, args.replace)
     out.write_text(json.dumps({
         "machine": describe(), "command": " ".join(["python"] + sys.argv), "where": args.where,
         "link": link, "bytes": args.bytes, "rounds": args.rounds, "median_s": med,

@@ -91,7 +91,10 @@ def _installed() -> bool:
 
 
 def _results(bench: Path, out: Path) -> list[Path]:
-    return sorted([*bench.joinpath("results").glob("*.json"), *out.glob("*.json")])
+    """The JSON files a run may write: its own (bench/results/runs/, and --out under `out`) and
+    the cited ones under bench/results/, which no run of CASES may change."""
+    return sorted([*bench.joinpath("results").glob("*.json"),
+                   *bench.joinpath("results", "runs").glob("*.json"), *out.glob("*.json")])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -99,6 +102,8 @@ def test_benchmark_runs(name, bench_copy, tmp_path):
     before = set(_results(bench_copy, tmp_path))
     _run(bench_copy, CASES[name], tmp_path, timeout=240)
     written = [p for p in _results(bench_copy, tmp_path) if p not in before]
+    cited = [p for p in written if p.parent == bench_copy / "results"]
+    assert not cited, f"{name} wrote over or beside the cited results: {cited}"
     if name not in ("busy", "machine"):
         assert written, f"{name} wrote no JSON"
         for p in written:
@@ -139,5 +144,5 @@ def test_the_harness_says_what_it_skips(bench_copy, tmp_path):
                             "--warmup", "1", "--libs", "pyring,gloo,oneccl", "--tag", "smoke"],
                tmp_path, timeout=120)
     assert "# oneccl skipped:" in out and "install.sh" in out
-    for p in bench_copy.joinpath("results").glob("*.json"):
+    for p in bench_copy.joinpath("results", "runs").glob("*.json"):
         p.unlink()
