@@ -5,9 +5,9 @@
     python bench/training.py --rounds 1 --blocks 1 --block 1 --dim 128 --layers 2
     python bench/training.py --mode scaling         # 1 and 2 CPU ranks here, < 5 min
     python bench/training.py --mode scaling --ranks 1,2,4,8   # one rank per GPU
-    torchrun --nnodes 4 --nproc-per-node 8 ... bench/training.py --mode scaling --tag c
+    torchrun --nnodes 4 --nproc-per-node 8 ... bench/training.py --mode scaling --tag c --replace
     python bench/training.py --mode scaling --merge bench/results/scaling_c1.json \\
-        bench/results/scaling_c_w32.json --tag c
+        bench/results/scaling_c_w32.json --tag c --replace
 
 Both modes time one training step (bench/_train_step.py: examples/train.py's CharGPT on its
 corpus, AdamW, a fixed batch per rank) with each method: pyring (pyring.DistributedOptimizer),
@@ -22,7 +22,8 @@ at 2 and 1 rank(s), the bare model at 2 ranks meeting once per step (lockstep) a
 Interleaving every second or so cancels the shared machine's drift, which moves whole runs by
 10-40%, so methods are compared within one job. Per-round figures, then their medians over
 --rounds. Default model 5 x 512 (16.1 M parameters, 64 MB of gradients), batch 2 x 64.
-Writes bench/results/training_<tag>.json.
+Writes bench/results/training_<tag>.json with --replace, else a file of its own under
+bench/results/runs/ (bench/_results.py).
 
 --mode scaling (bench/_scaling_mode.py, bench/_speedup_report.py): speedup against the number
 of ranks (weak scaling), every run (compute xN, alone-LIB xN, METHOD xN) in fresh processes,
@@ -30,8 +31,9 @@ rank r on GPU r mod the GPU count where there are GPUs (several ranks share a GP
 exceeds it; ddp-nccl then fails, as NCCL refuses two ranks on one GPU, and is reported). The
 plan runs --repeats times, interleaved, and each run reports its median
 repeat (every repeat's step is kept). Default model 4 x 128 (0.88 M parameters), batch 16 x 128.
-Writes bench/results/scaling_<tag>.json (under torchrun: scaling_<tag>_w<N>.json) and a PNG of
-speedup against ranks with the ideal line.
+Writes bench/results/scaling_<tag>.json (under torchrun: scaling_<tag>_w<N>.json) with
+--replace, else a file of its own under bench/results/runs/, and a PNG of speedup against
+ranks with the ideal line beside it.
 
 Every rank runs --threads torch threads, pinned to one core with --pin (as mpirun's default
 --bind-to core), with glibc's heap trimming off (MALLOC_ENV; --default-malloc leaves it on).
