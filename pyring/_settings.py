@@ -149,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
             "KiB stripes; for paths that limit each flow (many cloud networks) or spread flows "
             "over NIC queues. Every rank must set the same value (where two ranks differ, both "
             "fail at once naming both counts). On one host's loopback it does not help "
-            "([results](results.md#side-by-side-in-the-same-processes-benchinterleavedpy))",
+            "([results](results.md#side-by-side-in-the-same-processes-interleaved_json))",
             _count(1, MAX_SOCKET_NSTREAMS, f"1 to {MAX_SOCKET_NSTREAMS} TCP connections per "
                    "link")),
     Setting("PYRING_SPIN_US", "microseconds", None,
