@@ -136,7 +136,7 @@ def device_fault(rank: int, world: int, store, device: str, timeout_s: float,
 
 def check_device_fault(results: list[dict], limit_s: float) -> list[str]:
     """What device_fault's results got wrong: every rank raises a CommError (not a timeout)
-    naming the illegal address within limit_s; rank 0's names its device."""
+    naming the illegal address within limit_s."""
     bad = []
     for rank, r in enumerate(results):
         if r["error"] is None:
