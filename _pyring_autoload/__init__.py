@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-BACKEND_NAME = "pyring"
-# The devices whose tensors the backend's group takes, as registered with torch.
-DEVICES = ("cpu", "cuda")
+from .names import BACKEND_NAME, DEVICES
 
 
 def _create(*args: Any, **kwargs: Any) -> Any:
-    from pyring import backend
+    from pyring.c10d import backend
 
     return backend._create(*args, **kwargs)
 

@@ -5,7 +5,7 @@ buffer, the libraries taking turns block by block (the method is in allreduce.py
 entry per size (the blocks in order with the slowest rank's median time per block); other
 ranks return None. The ranks gather their times through `store`, so any launcher works:
 pyring.launch (local ranks), mpirun (when Open MPI is timed: `mpi` is then MPI.COMM_WORLD) or
-pyring._emulate (emulated hosts).
+pyring.tools.emulate (emulated hosts).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from _ranks import KEEP, failure, launch, setup_rank
 from _train_step import FIELDS, LIB, Alone, Batches, Trainer, gradient_elements
 
 import pyring
-from pyring.rendezvous import store_barrier
+from pyring.runtime.rendezvous import store_barrier
 
 # A run's JSON name for each field's median over iterations (of the slowest rank's times).
 RUN_FIELDS = {

@@ -29,7 +29,7 @@ from _ranks import KEEP, failure, launch, setup_rank
 from _train_step import FIELDS, LIB, Alone, Batches, Trainer
 
 import pyring
-from pyring.rendezvous import store_barrier
+from pyring.runtime.rendezvous import store_barrier
 
 WORLD = 2
 

@@ -55,7 +55,7 @@ class CharLM:
     seq, per_rank = 64, 8
 
     def __init__(self, seed: int) -> None:
-        from pyring.workload import CharGPT, get_batch, load_corpus
+        from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
         data = load_corpus(1 << 20)
         cut = int(0.9 * len(data))

@@ -1,6 +1,6 @@
 """The training step of bench/training.py, the same in both of its modes.
 
-Workload: CharGPT (pyring/workload.py) of cfg's dim, layers, heads and seq, its weights from
+Workload: CharGPT (pyring/tools/workload.py) of cfg's dim, layers, heads and seq, its weights from
 seed 0 on every rank (no broadcast is needed for timing); AdamW (lr LR); cfg["batch"] windows
 of seq + 1 bytes per rank and step, drawn at random from this rank's 1/world shard of
 cfg["data_mb"] MiB of the corpus. Methods (what averages the gradients):
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 import pyring
-from pyring.workload import CharGPT, get_batch, load_corpus
+from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
 METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-nccl", "ddp-pyring-copy", "ddp-gloo-copy")
 LIB = {m: m.split("-")[1] if m.startswith("ddp-") else "pyring" for m in METHODS}

@@ -31,7 +31,7 @@ Libraries (--libs, pyring first):
 
 --transport applies to pyring. --out-of-place puts the result in a second buffer (gloo has no
 such call: its time includes copying the input there). --hosts HxK runs H emulated hosts of K
-ranks (pyring._emulate: network namespaces, root needed), their links shaped to --rate;
+ranks (pyring.tools.emulate: network namespaces, root needed), their links shaped to --rate;
 pyring's cross-host bytes per call and each host's eth0 bytes are recorded. --flow-cap caps
 every TCP connection (a path that limits each flow). --load runs a background load
 (bench/busy.py) through the run; the JSON records memcpy's rate with and without it. --runs
@@ -150,7 +150,7 @@ def _launch(args: argparse.Namespace, libs: list[str], blocks: int) -> list[dict
     with tempfile.TemporaryDirectory() as tmp:
         env = _env(args, tmp)
         if args.hosts:
-            from pyring._emulate import EmulatedHosts
+            from pyring.tools.emulate import EmulatedHosts
 
             argv = [sys.executable, __file__, "--rank", json.dumps(cfg)]
             with EmulatedHosts(hosts=len(args.layout), rate=args.rate) as hosts:
@@ -193,7 +193,7 @@ def rank_main(cfg: dict[str, Any]) -> int:
         if rank == 0:
             Path(cfg["result"]).write_text(json.dumps(out))
         return 0
-    from pyring._emulate import report
+    from pyring.tools.emulate import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
@@ -367,7 +367,7 @@ def main() -> int:
         return rank_main(json.loads(sys.argv[2]))
     args = parse()
     if args.hosts:
-        from pyring._emulate import available
+        from pyring.tools.emulate import available
 
         ok, why = available(shaping=args.rate is not None)
         if not ok:

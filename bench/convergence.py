@@ -76,7 +76,7 @@ def _lr(args, step: int) -> float:
 
 
 def _run(method: str, seed: int, rank: int, world: int, comm, args) -> dict:
-    from pyring.compression import received_bytes
+    from pyring.optim.compression import received_bytes
 
     task = TASKS[args.task](seed)
     model = task.model()

@@ -11,7 +11,7 @@ hang: 4 ranks (pyring.launch) run all_reduce #1 and #2 (4 MiB) together; rank 3 
 --sleep seconds in user code before #3 while the others wait out --timeout. Every rank must
 name rank 3 as never having entered all_reduce #3 with #2 its last completed collective, and no
 other rank; the waiting ranks must raise CommTimeout within the deadline + the account's wait
-(pyring/_hang.py: account_wait, at most 1.75 s) and warn at half the deadline (stderr).
+(pyring/runtime/hang.py: account_wait, at most 1.75 s) and warn at half the deadline (stderr).
 store: 3 ranks use a TCPStore hosted by a process of its own, which is SIGKILLed while the
 others are inside pyring.init (phase init) or inside torch's new_group on the pyring backend
 (phase new_group). Every rank must raise CommError naming the store's address within the
@@ -34,8 +34,8 @@ import time
 from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe
 
-from pyring import _emulate, _hang
 from pyring.launch import RankFailure, run_ranks
+from pyring.runtime import hang as _hang
 from pyring.testing.faults import (
     DoomedStore,
     check_store_dies,
@@ -44,6 +44,7 @@ from pyring.testing.faults import (
     stuck_rank,
 )
 from pyring.testing.partition import check_partition, run_partition
+from pyring.tools import emulate as _emulate
 
 
 def _trial(fn, check) -> dict:

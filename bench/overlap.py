@@ -70,8 +70,8 @@ def _rank(cfg: dict) -> dict:
 
     import pyring
     from pyring import hooks
-    from pyring._emulate import report
-    from pyring.workload import CharGPT
+    from pyring.tools.emulate import report
+    from pyring.tools.workload import CharGPT
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -172,7 +172,7 @@ def main() -> None:
     unknown = set(args.hooks.split(",")) - set(HOOKS)
     if unknown:
         p.error(f"--hooks: unknown {', '.join(sorted(unknown))} (valid: {', '.join(HOOKS)})")
-    from pyring._emulate import EmulatedHosts
+    from pyring.tools.emulate import EmulatedHosts
 
     cfg = {"hooks": args.hooks.split(","), "rounds": args.rounds, "dim": args.dim,
            "layers": args.layers, "seq": args.seq, "batch": args.batch,

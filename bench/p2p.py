@@ -80,7 +80,7 @@ def _pingpong(rank: int, iters: int, api: str) -> float:
 def _register_null() -> None:
     """A Python backend whose send and recv complete at once without moving a byte: what
     torch.distributed's layers and the C++-to-Python trampoline cost per call."""
-    from pyring.backend import PyringWork
+    from pyring.c10d.backend import PyringWork
 
     class NullGroup(dist.ProcessGroup):
         def getBackendName(self) -> str:

@@ -12,7 +12,7 @@ Reported per method: the wall time of its steps, the validation loss curve again
 time, and the time at which it first reaches ``target`` = ddp_gloo_adamw's final validation
 loss. The baseline's communicating fraction is 1 - local step time / its step time.
 Target (issue 12): OneBitAdam reaches the target at least 2x sooner than ddp_gloo_adamw.
-Needs root (network namespaces; pyring._emulate).
+Needs root (network namespaces; pyring.tools.emulate).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch import nn
 
     import pyring
-    from pyring._emulate import report
+    from pyring.tools.emulate import report
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -97,7 +97,7 @@ def main() -> None:
         return
     from machine import describe
 
-    from pyring._emulate import EmulatedHosts, available
+    from pyring.tools.emulate import EmulatedHosts, available
 
     ok, why = available(shaping=True)
     if not ok:

@@ -5,7 +5,7 @@ buffer of float32, op avg, each call followed by nothing else (the time is the s
 
 ``--where shm``: both ranks on this host (shared memory). ``--where RATE`` (``1gbit``,
 ``10gbit``): two emulated hosts of one rank each, joined by a link shaped to RATE
-(pyring/_emulate.py; needs root). In every round each wire runs once, in a rotating order.
+(pyring/tools/emulate.py; needs root). In every round each wire runs once, in a rotating order.
 Targets (issue 26): on shm, onebit <= 1.5x the fp32 time; over 1 Gbit, onebit >= 12x and
 bf16 >= 1.8x faster than fp32. Writes bench/results/wire_speed_<where>_<tag>.json.
 """
@@ -57,7 +57,7 @@ def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
 def _worker_main(cfg: dict) -> None:
     import torch.distributed as dist
 
-    from pyring._emulate import report
+    from pyring.tools.emulate import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
@@ -72,7 +72,7 @@ def _local(nbytes: int, rounds: int) -> list[dict]:
 
 
 def _hosts(rate: str, nbytes: int, rounds: int) -> tuple[list[dict], dict]:
-    from pyring._emulate import EmulatedHosts
+    from pyring.tools.emulate import EmulatedHosts
 
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
             json.dumps({"bytes": nbytes, "rounds": rounds})]

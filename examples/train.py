@@ -48,7 +48,7 @@ from train_launch import (
 
 import pyring
 from pyring.launch import run_ranks
-from pyring.workload import CharGPT, get_batch, load_corpus
+from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
 SYNCS = ("pyring", "ddp-pyring", "ddp-gloo")
 

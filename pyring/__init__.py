@@ -62,12 +62,12 @@ __all__ = [
     "all_to_all_single", "all_to_all", "all_reduce_coalesced", "all_gather_coalesced",
 ]
 globals().update({_name: getattr(api, _name) for _name in _DELEGATED})
-from . import backend as _backend  # registers the "pyring" torch.distributed backend  # noqa: E402, F401
+from .c10d import backend as _backend  # registers the "pyring" torch.distributed backend  # noqa: E402, F401
 
 __all__ += ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "hooks",
             "OneBitState", "GradientExchange", "PeriodicAveraging"]
 from . import hooks  # noqa: E402
-from .compression import GradientExchange, OneBitState  # noqa: E402
 from .optim import DistributedOptimizer  # noqa: E402
-from .periodic import PeriodicAveraging  # noqa: E402
-from .state import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
+from .optim.compression import GradientExchange, OneBitState  # noqa: E402
+from .optim.periodic import PeriodicAveraging  # noqa: E402
+from .optim.state import broadcast_optimizer_state, broadcast_parameters  # noqa: E402

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import _C, _affinity
+from . import _C
+from .runtime import affinity as _affinity
 
 TRANSPORTS: tuple[str, ...] = ("auto",) + tuple(_C.TRANSPORT_NAMES)
 ALGOS: tuple[str, ...] = tuple(_C.ALGO_NAMES)  # index = the core's code
@@ -216,10 +217,10 @@ SETTINGS: tuple[Setting, ...] = (
             "forms where the CPU has AVX2; the two give the same bits, and tests check it",
             for_tests=True),
     Setting("PYRING_EMULATE_HOST", "host name", None,
-            "set by `pyring._emulate` in each emulated host's ranks: the host identity they "
+            "set by `pyring.tools.emulate` in each emulated host's ranks: the host identity they "
             "publish at rendezvous", for_tests=True),
     Setting("PYRING_EMULATE_RESULT", "path", None,
-            "set by `pyring._emulate`: where an emulated host's rank writes its result",
+            "set by `pyring.tools.emulate`: where an emulated host's rank writes its result",
             for_tests=True),
 )
 BY_VARIABLE: dict[str, Setting] = {s.variable: s for s in SETTINGS}

@@ -9,11 +9,16 @@ import os
 import weakref
 from typing import Any
 
-from . import _C, _affinity, _device_links, _hang, _settings, pci, rendezvous, topology
-from ._devices import device_name_of
+from . import _C, _settings, topology
 from .communicator import Communicator
 from .config import ALGOS, SHM_COPIES, resolve
 from .errors import Error
+from .runtime import affinity as _affinity
+from .runtime import device_links as _device_links
+from .runtime import hang as _hang
+from .runtime import rendezvous
+from .runtime.devices import device_name_of
+from .topology import pci
 from .work import Work
 
 log = logging.getLogger("pyring")

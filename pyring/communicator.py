@@ -7,12 +7,14 @@ import functools
 import weakref
 from typing import Any
 
-from . import _C, _desync, _hang
-from ._buffers import check_same_dtype, fast_call_args, overlaps, view_of
-from ._devices import common_device, current_stream
-from ._p2p import PointToPoint
+from . import _C
 from .config import ALGOS
 from .ops import op_code
+from .runtime import desync as _desync
+from .runtime import hang as _hang
+from .runtime.buffers import check_same_dtype, fast_call_args, overlaps, view_of
+from .runtime.devices import common_device, current_stream
+from .runtime.p2p import PointToPoint
 from .work import Work
 
 
@@ -20,7 +22,7 @@ class Communicator(PointToPoint):
     """A group of ranks and the links between them. Create it with ``pyring.init``.
 
     Collectives and point-to-point calls mirror torch.distributed's names and argument
-    order (pyring/_p2p.py has messages and the rooted and personalised collectives). With
+    order (pyring/runtime/p2p.py has messages and the rooted and personalised collectives). With
     ``async_op=True`` they return a :class:`Work` at once; otherwise they return None after
     completing. Every rank must call
     the same collectives in the same order with matching sizes.
@@ -129,14 +131,14 @@ class Communicator(PointToPoint):
         """Reduces ``tensor`` across ranks into ``out`` (default: in place). ``algo``
         ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
         rank must pass the same. ``wire`` 'fp16', 'bf16' or 'onebit' (with ``state``, a
-        pyring.OneBitState per bucket) compresses what travels (pyring/compression.py): op
+        pyring.OneBitState per bucket) compresses what travels (pyring/optim/compression.py): op
         'sum' or 'avg' of floating torch tensors, one collective like any other (async_op
         applies); ``algo`` then lets the selector go hierarchical ('auto', 'tree') or keeps
         the flat schedule ('ring', 'direct')."""
         code = op_code(op, "all_reduce")
         self._algo_code(algo)  # refuses an unknown algo before any wire check
         if wire != "fp32":
-            from .compression import check_wire_call
+            from .optim.compression import check_wire_call
 
             check_wire_call(tensor, wire, state, out)
             if out is not None and out is not tensor:
@@ -188,11 +190,11 @@ class Communicator(PointToPoint):
     def _all_reduce_wire(self, tensor: Any, op: Any, wire: str, state: Any, exact_tail: int,
                          async_op: bool, algo: str | None) -> Work | None:
         """All_reduce on a compressed wire, in place: one call into the core
-        (pyring/compression.py). A non-contiguous tensor goes through a contiguous copy,
+        (pyring/optim/compression.py). A non-contiguous tensor goes through a contiguous copy,
         synchronously."""
         import torch
 
-        from .compression import WIRES
+        from .optim.compression import WIRES
 
         code = op_code(op, "all_reduce")
         algo_code = self._algo_code(algo)

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import api
 from .communicator import Communicator
-from .compression import GradientExchange, all_reduce_wire
+from .optim.compression import GradientExchange, all_reduce_wire
 
 _init_lock = threading.Lock()
 
@@ -54,7 +54,7 @@ def _compress_hook(state: Any, bucket, wire: str):
 
 def fp16_compress_hook(state: Any, bucket):
     """DDP comm hook with torch's name: the bucket travels as float16, half the bytes of
-    float32, on the compressed schedule of pyring/compression.py (rounded to float16 twice,
+    float32, on the compressed schedule of pyring/optim/compression.py (rounded to float16 twice,
     added in float32 once; torch's hook over gloo adds in float16 at every hop). It queues one
     collective and returns at once a future whose value is the averaged bucket, so DDP goes
     on with the backward of the next bucket while this one travels.
@@ -92,7 +92,7 @@ class OneBitHookState:
 
 def onebit_hook(state: OneBitHookState, bucket):
     """DDP comm hook: averages the bucket on the one-bit wire with error feedback (signs and a
-    scale per chunk; pyring/compression.py), about 1/32 of float32's bytes. ``state`` is a
+    scale per chunk; pyring/optim/compression.py), about 1/32 of float32's bytes. ``state`` is a
     :class:`OneBitHookState`, one per DDP model. Queues one collective and returns at once a
     future whose value is the averaged bucket."""
     if not isinstance(state, OneBitHookState):

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import pyring
-from pyring import _affinity
 from pyring.launch import run_ranks
+from pyring.runtime import affinity as _affinity
 
 
 def test_shares_are_contiguous_disjoint_and_cover_the_cpus():

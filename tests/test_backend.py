@@ -44,7 +44,7 @@ def _call(fn, *args, async_op, **kwargs):
 
 
 def _collectives(rank, world):
-    assert isinstance(dist.group.WORLD, pyring.backend.ProcessGroupPyring)
+    assert isinstance(dist.group.WORLD, pyring.c10d.backend.ProcessGroupPyring)
     assert dist.get_backend() == "pyring"
     bad = []
     for dtype, n, a in itertools.product((torch.float32, torch.int64), counts_for(world),
@@ -156,7 +156,8 @@ def _subgroups_and_functional(rank, world):
     for i, g in enumerate(groups):
         if dist.get_rank(g) < 0:
             continue
-        assert isinstance(g, pyring.backend.ProcessGroupPyring) and g.comm.world_size == g.size()
+        assert isinstance(g, pyring.c10d.backend.ProcessGroupPyring)
+        assert g.comm.world_size == g.size()
         t = torch.full((5,), float(rank + 1))
         dist.all_reduce(t, group=g)
         out = torch.zeros(g.size())

@@ -1,7 +1,7 @@
 """How the backend's group is wired into torch: its methods as torch.compile leaves them
-(pyring._c10d_work.eager_under_compile wraps every c10d method), where torch's synchronous send
+(pyring.c10d.work.eager_under_compile wraps every c10d method), where torch's synchronous send
 and recv must still be recognised, so that they run to the end in place rather than through a
-queued Work; and mixed backend strings (pyring._c10d_routes), where each device's tensors go to
+queued Work; and mixed backend strings (pyring.c10d.routes), where each device's tensors go to
 the backend the string names for it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pyring import backend
+from pyring.c10d import backend
 from pyring.launch import RankFailure, run_ranks
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pyring import _emulate
+from pyring.tools import emulate as _emulate
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS_OK, HOSTS_WHY = _emulate.available(shaping=True)

@@ -188,8 +188,8 @@ def traced_body(rank, world, store):
 
 def test_ipc_trace_accounts_for_every_slot(tmp_path):
     """PYRING_IPC_TRACE: every slot a link queued is published, and handed on and released by
-    its peer; pyring/_ipc_trace.py's summary matches them up."""
-    from pyring import _ipc_trace
+    its peer; pyring/runtime/ipc_trace.py's summary matches them up."""
+    from pyring.runtime import ipc_trace as _ipc_trace
 
     prefix = str(tmp_path / "ipc")
     assert run_ranks(2, traced_body, env={"PYRING_IPC_TRACE": prefix}, timeout=120) == [12.0] * 2

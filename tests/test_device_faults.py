@@ -27,7 +27,8 @@ def test_planted_fault_raises_on_both_ranks_within_two_seconds(late_s):
 
 def sticky_body(rank, world, store):
     import pyring
-    from pyring import _C, _devices
+    from pyring import _C
+    from pyring.runtime import devices as _devices
     from pyring.testing import sim
 
     a, b = sim.SimStream(1), sim.SimStream(1)

@@ -32,7 +32,7 @@ def test_a_renamed_flag_or_script_is_caught():
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import doc_commands as d; "
             "print(repr(d._check_one('script', 'bench/allreduce.py', ['--no-such-flag']))); "
             "print(repr(d._check_one('script', 'bench/gone.py', []))); "
-            "print(repr(d._check_one('module', 'pyring.selfcheck', ['--quick'])))")
+            "print(repr(d._check_one('module', 'pyring.tools.selfcheck', ['--quick'])))")
     r = _run("-c", code, str(ROOT / "tests"))
     flag, gone, fine = r.stdout.strip().splitlines()[-3:]
     assert "unrecognized arguments: --no-such-flag" in flag, r.stdout + r.stderr[-2000:]

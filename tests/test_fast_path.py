@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import pyring
-from pyring._buffers import fast_call_args
 from pyring.launch import run_ranks
+from pyring.runtime.buffers import fast_call_args
 
 
 def _declined(*args, **kwargs):

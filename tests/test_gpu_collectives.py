@@ -171,7 +171,7 @@ def wire_body(rank, world, store):
     """The compressed wires on CUDA tensors: the codec runs on the GPU (onebit.cu, the casts),
     only encoded bytes cross to the host, and the results are the host's."""
     import pyring
-    from pyring.compression import all_reduce_wire
+    from pyring.optim.compression import all_reduce_wire
 
     dev = torch.device("cuda", 0)
     bad = []
@@ -214,7 +214,7 @@ def nccl_beside_pyring_body(rank, world, store):
     NCCL, CPU tensors to pyring."""
     import torch.distributed as dist
 
-    from pyring.backend import ProcessGroupPyring
+    from pyring.c10d.backend import ProcessGroupPyring
 
     reached = []  # the devices of the tensors that reach pyring's own allreduce
     own = ProcessGroupPyring.allreduce

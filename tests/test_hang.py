@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import pyring
-from pyring._hang import account_wait
 from pyring.launch import run_ranks
+from pyring.runtime.hang import account_wait
 from pyring.testing.faults import check_stuck_rank, stuck_rank
 
 

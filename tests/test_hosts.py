@@ -1,4 +1,4 @@
-"""Several hosts emulated with network namespaces (pyring._emulate): host detection, shm inside
+"""Several hosts emulated with network namespaces (pyring.tools.emulate): host detection, shm inside
 a host and tcp across, allreduce results per algorithm, bytes on the links between hosts, and
 cleanup of every namespace, also when a rank fails or the test process is signalled."""
 
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from pyring import _emulate
-from pyring._emulate import EmulatedHosts
 from pyring.launch import RankFailure
+from pyring.tools import emulate as _emulate
+from pyring.tools.emulate import EmulatedHosts
 
 OK, WHY = _emulate.available()
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pyring import _emulate
-from pyring._hang import account_wait
+from pyring.runtime.hang import account_wait
 from pyring.testing.partition import check_partition, run_partition
+from pyring.tools import emulate as _emulate
 
 OK, WHY = _emulate.available(shaping=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)

@@ -1,4 +1,4 @@
-"""python -m pyring.selfcheck --quick --no-build with the GPUs hidden (as on a machine without
+"""python -m pyring.tools.selfcheck --quick --no-build with the GPUs hidden (as on a machine without
 one, and so that it stays short everywhere): one JSON with the machine, every step and the
 targets; every GPU step is skipped with its reason, and the CPU steps still measure."""
 
@@ -32,7 +32,7 @@ def test_quick_selfcheck(tmp_path):
     first = str(Path(pyring.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
     res = subprocess.run(
-        [sys.executable, "-m", "pyring.selfcheck", "--quick", "--no-build", "--out",
+        [sys.executable, "-m", "pyring.tools.selfcheck", "--quick", "--no-build", "--out",
          str(tmp_path), "--tree", str(ROOT)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert (tmp_path / "selfcheck.json").exists(), res.stdout[-3000:] + res.stderr[-3000:]
@@ -79,7 +79,7 @@ def test_outside_a_checkout_the_tree_steps_are_skipped_naming_tree(tmp_path):
     first = str(Path(pyring.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
     res = subprocess.run(
-        [sys.executable, "-m", "pyring.selfcheck", "--quick", "--no-build", "--out",
+        [sys.executable, "-m", "pyring.tools.selfcheck", "--quick", "--no-build", "--out",
          str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=150)
     doc = json.loads((tmp_path / "out" / "selfcheck.json").read_text())

@@ -15,8 +15,8 @@ from cases import DTYPES, OPS
 
 import pyring
 from pyring import _C
-from pyring.compression import all_reduce_wire
 from pyring.launch import run_ranks
+from pyring.optim.compression import all_reduce_wire
 from pyring.testing import sim
 
 CODE = {d: _C.DTYPE_NAMES.index(str(d).removeprefix("torch.")) for d in DTYPES}

@@ -276,7 +276,7 @@ def test_init_binds_the_rank_to_its_device():
     for msg in run_ranks(2, bound_body, timeout=60):
         assert "sim:0" in msg and "uses sim:1" in msg, msg
     with pytest.raises(ValueError, match="device='gpu0' is not valid"):
-        from pyring._devices import device_name_of
+        from pyring.runtime.devices import device_name_of
 
         device_name_of("gpu0")
 

@@ -5,8 +5,8 @@ import types
 import pytest
 from sysfs_fixtures import FakeSysfs, dual_socket, mariana
 
-from pyring.pci import local_gpu_path, pci_path
 from pyring.topology import LEVEL_NAMES, Topology, detect, flat, parse
+from pyring.topology.pci import local_gpu_path, pci_path
 
 # --- parse ------------------------------------------------------------------------------------
 

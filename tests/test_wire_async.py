@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import pyring
-from pyring.compression import GradientExchange, all_reduce_wire
 from pyring.launch import run_ranks
+from pyring.optim.compression import GradientExchange, all_reduce_wire
 
 
 def _pending(rank, world, store):

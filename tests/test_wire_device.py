@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 import pyring
-from pyring.compression import all_reduce_wire
 from pyring.launch import run_ranks
+from pyring.optim.compression import all_reduce_wire
 
 _DELAY = {"PYRING_SIM_DELAY_US": "100"}
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pyring import _emulate
+from pyring.tools import emulate as _emulate
 
 OK, WHY = _emulate.available(shaping=False)
 SIZES = (3 * 100_003 + 2, 3 * 1_310_720 + 5, 3 * 1000 + 1)
@@ -22,7 +22,7 @@ def _rank() -> None:
     from half_sums import half_sum_errors
 
     import pyring
-    from pyring._emulate import report
+    from pyring.tools.emulate import report
 
     comm = pyring.init(set_default=False)
     rank, world = comm.rank, comm.world_size

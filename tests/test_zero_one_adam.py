@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import pyring
-from pyring.compression import received_bytes
 from pyring.launch import run_ranks
 from pyring.optim import OneBitAdam, ZeroOneAdam
+from pyring.optim.compression import received_bytes
 
 KW = {"lr": 1e-2, "var_freeze_step": 6, "var_update_scaler": 2, "local_step_scaler": 2,
       "local_step_clipper": 4, "weight_decay": 1e-3, "decoupled_weight_decay": True}

@@ -16,10 +16,10 @@ for the collective slows the other ranks' work on the shared GPU.
 where a slot's time goes (summarize_trace): the sender's copy (queued to published, as its
 progress thread saw it), the hand-off to the receiver (published to handed on) and the
 receiver's hold (handed on to released: its kernel or copy, and the flag behind it);
-pyring/_ipc_trace.py reads the files.
+pyring/runtime/ipc_trace.py reads the files.
 
 Times are the median over 20 calls of the slowest rank's, each call followed by
-torch.cuda.synchronize() (pyring/_selfcheck_ranks.py's allreduce_rank); "wrong" counts
+torch.cuda.synchronize() (pyring/tools/selfcheck_ranks.py's allreduce_rank); "wrong" counts
 elements that are not world ** calls.
 """
 
@@ -35,11 +35,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).absolute().parents[2]))
 
-from pyring._ipc_trace import summarize_trace  # noqa: E402
-from pyring._selfcheck_ranks import ALLREDUCE_BYTES, BOUND_JOBS, allreduce_rank  # noqa: E402
-from pyring._selfcheck_report import devices_here, machine  # noqa: E402
 from pyring._settings import parse_bytes  # noqa: E402
 from pyring.launch import run_ranks  # noqa: E402
+from pyring.runtime.ipc_trace import summarize_trace  # noqa: E402
+from pyring.tools.selfcheck_ranks import ALLREDUCE_BYTES, BOUND_JOBS, allreduce_rank  # noqa: E402
+from pyring.tools.selfcheck_report import devices_here, machine  # noqa: E402
 
 WARMUP, ITERS = 3, 20
 

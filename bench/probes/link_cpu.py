@@ -77,8 +77,8 @@ def _rank(cfg: dict) -> dict:
     import torch.distributed as dist
 
     import pyring
-    from pyring._emulate import report
-    from pyring.workload import CharGPT
+    from pyring.tools.emulate import report
+    from pyring.tools.workload import CharGPT
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -125,7 +125,7 @@ def main() -> None:
         return _rank(json.loads(args.worker))
     from machine import describe
 
-    from pyring._emulate import EmulatedHosts
+    from pyring.tools.emulate import EmulatedHosts
 
     cfg = {"rounds": args.rounds, "dim": args.dim, "layers": args.layers, "seq": args.seq,
            "bucket_mb": args.bucket_mb}

@@ -4,7 +4,7 @@ counters while another has already begun the next call would count some of that 
 
 from __future__ import annotations
 
-from ..compression import received_bytes
+from ..optim.compression import received_bytes
 
 
 def reset_counts(comm) -> None:

@@ -10,6 +10,8 @@ import time
 import torch
 
 import pyring
+from pyring.runtime import devices as _devices
+from pyring.tools import device_fault as _device_fault
 
 
 def stuck_rank(rank: int, world: int, store, transport: str, timeout_s: float,
@@ -70,86 +72,30 @@ def check_stuck_rank(results: list[dict], timeout_s: float, slack_s: float) -> l
     return bad
 
 
-def _fault_buffer(device: str, rank: int):
-    """A device buffer of 64 Ki float32 ones on `device` ('sim' or 'cuda'), with the planting
-    arguments (kind code, index, current stream) of launch_out_of_bounds for it."""
-    from pyring import _devices
+def _sim_buffer(rank: int):
+    from pyring.testing import sim
 
-    if device == "sim":
-        from pyring.testing import sim
-
-        x = sim.SimArray(1 << 16, torch.float32, 0)
-        x.fill_(1.0)
-        return x, (_devices.SIM, 0, sim.current_stream(0).id)
-    index = rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    x = torch.ones(1 << 16, device=f"cuda:{index}")
-    return x, (_devices.CUDA, index, torch.cuda.current_stream(index).cuda_stream)
+    x = sim.SimArray(1 << 16, torch.float32, 0)
+    x.fill_(1.0)
+    return x, (_devices.SIM, 0, sim.current_stream(0).id)
 
 
-def _stall_stream(device: str, stream: int, seconds: float) -> None:
-    """Queues on the current stream work that takes about `seconds` on the device."""
-    if device == "sim":
-        from pyring.testing import sim
+def _sim_stall(seconds: float) -> None:
+    from pyring.testing import sim
 
-        sim.current_stream(0).launch(lambda: time.sleep(seconds))
-    else:
-        torch.cuda._sleep(int(seconds * 2e9))  # cycles, at about 2 GHz
+    sim.current_stream(0).launch(lambda: time.sleep(seconds))
+
+
+_device_fault.register_device("sim", _sim_buffer, _sim_stall)
 
 
 def device_fault(rank: int, world: int, store, device: str, timeout_s: float,
                  late_s: float = 0.0) -> dict:
-    """After one good all_reduce of a device buffer, rank 0 plants an illegal-address fault on
-    its current stream (a kernel that writes out of bounds) and every rank calls all_reduce
-    again. With late_s, the fault runs that long after the call has queued its work (the host
-    waits on a flag when it lands), else at once (the call meets a device already faulted).
-    Returns this rank's error (kind, message, seconds in the failing call). The device of rank 0
-    is unusable in its process afterwards."""
-    from pyring import _C
-
-    comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False,
-                       timeout=timeout_s)
-    x, (kind, index, stream) = _fault_buffer(device, rank)
-    comm.all_reduce(x)
-    store.set(f"warm/{rank}", "1")
-    store.wait([f"warm/{r}" for r in range(world)])
-    if rank == 0:
-        if late_s > 0:
-            _stall_stream(device, stream, late_s)
-        _C.launch_out_of_bounds(kind, index, stream)
-    error = None
-    for _ in range(2):  # a fault that lands after the first call fails the next one
-        start = time.monotonic()
-        try:
-            comm.all_reduce(x)
-        except pyring.CommError as e:
-            error = (type(e).__name__, str(e), time.monotonic() - start)
-            break
-    store.set(f"out/{rank}", "1")
-    store.wait([f"out/{r}" for r in range(world)])
-    try:
-        comm.close()
-    except pyring.Error:
-        pass  # closing over a faulted device may report the fault again
-    return {"error": error}
+    """pyring.tools.device_fault.device_fault, on the sim device too."""
+    return _device_fault.device_fault(rank, world, store, device, timeout_s, late_s)
 
 
-def check_device_fault(results: list[dict], limit_s: float) -> list[str]:
-    """What device_fault's results got wrong: every rank raises a CommError (not a timeout)
-    naming the illegal address within limit_s."""
-    bad = []
-    for rank, r in enumerate(results):
-        if r["error"] is None:
-            bad.append(f"rank {rank}: no error")
-            continue
-        kind, message, waited = r["error"]
-        if kind != "CommError":
-            bad.append(f"rank {rank}: {kind}, not CommError: {message}")
-        if "cudaErrorIllegalAddress" not in message:
-            bad.append(f"rank {rank}: the fault is not named: {message}")
-        if waited > limit_s:
-            bad.append(f"rank {rank}: raised after {waited:.2f} s (limit {limit_s} s)")
-    return bad
+check_device_fault = _device_fault.check_device_fault
 
 
 _STORE_SERVER = """

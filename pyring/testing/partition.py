@@ -30,7 +30,7 @@ def _rank() -> None:
     import torch
 
     import pyring
-    from pyring._emulate import report
+    from pyring.tools.emulate import report
 
     comm = pyring.init(set_default=False)
     rank = comm.rank
@@ -57,7 +57,7 @@ def run_partition(hosts: int, ranks_per_host: int, timeout_s: float, rate: str =
                   env: dict | None = None) -> tuple[list[dict], list[str]]:
     """One trial: every rank's report and every host's address. Raises
     pyring.launch.RankFailure when a rank fails to report (hangs or dies)."""
-    from pyring._emulate import IFNAME, EmulatedHosts
+    from pyring.tools.emulate import IFNAME, EmulatedHosts
 
     fd, trigger = tempfile.mkstemp(prefix="pyring-partition-")
     os.close(fd)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _C
+from ..runtime import devices as _devices
 
 _BF16 = "bfloat16"
 
@@ -64,6 +65,10 @@ def current_stream(device: int = 0) -> SimStream:
     if device not in current:
         current[device] = SimStream(device, id=0)
     return current[device]
+
+
+# Buffers on sim devices are ordered on this thread's current sim stream.
+_devices.register_stream_source(_devices.SIM, lambda index: current_stream(index).id)
 
 
 @contextlib.contextmanager

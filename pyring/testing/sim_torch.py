@@ -61,7 +61,7 @@ def enable() -> None:
         lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback, not an op
         lib.fallback(_fallback, "PrivateUse1")
         _enabled.append(lib)
-        from .. import backend  # the torch backend takes sim tensors as it takes CUDA ones
+        from ..c10d import backend  # the torch backend takes sim tensors as it takes CUDA ones
 
         caps = torch.distributed.Backend.backend_capability[backend.BACKEND_NAME]
         if NAME not in caps:

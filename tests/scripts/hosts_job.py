@@ -22,7 +22,7 @@ if cfg["mode"] == "fail":  # a failing rank, the others hang until they are kill
 import torch  # noqa: E402
 
 import pyring  # noqa: E402
-from pyring._emulate import report  # noqa: E402
+from pyring.tools.emulate import report  # noqa: E402
 
 COUNT = 983040  # 3.75 MiB of float32; divisible by every world size from 1 to 6
 kwargs = {} if cfg.get("topology") is None else {"topology": cfg["topology"]}

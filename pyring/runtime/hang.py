@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import Any
 
-from . import _C
+from .. import _C
 
 REQUEST = "hang/request"
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import _C, rendezvous
-from ._devices import KIND_NAMES
+from .. import _C
+from . import rendezvous
+from .devices import KIND_NAMES
 
 log = logging.getLogger("pyring")
 

@@ -9,7 +9,7 @@
 Until ``freeze_step`` steps have run, each step averages the gradients across ranks on
 ``warmup_wire`` ("fp32" or "bf16") and runs Adam. From then on the second moment ``v`` stays
 frozen, each rank folds its own gradient into the momentum ``m``, and the ranks average ``m``
-on the one-bit wire with error feedback (pyring/compression.py), divided by Adam's frozen
+on the one-bit wire with error feedback (pyring/optim/compression.py), divided by Adam's frozen
 denominator while it travels (the same on every rank, so the average is unchanged, and the
 one-bit scale then matches the update rather than the raw momentum): the update is
 ``lr * m_hat / (sqrt(v_hat) + eps)`` with the bias corrections of Adam (``v_hat``'s frozen
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from . import _devices
-from .api import default
+from ..api import default
+from ..runtime import devices as _devices
 from .compression import OneBitState, all_reduce_wire
 
 _WARMUP_WIRES = ("fp32", "bf16")

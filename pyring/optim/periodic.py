@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import default
+from ..api import default
 from .compression import all_reduce_wire
 
 _WIRES = ("fp32", "bf16", "fp16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from .work import Work
+from ..work import Work
 
 try:
     import torch
@@ -132,4 +132,4 @@ class PyringWork(_Work):
         return self._future
 
     def __repr__(self) -> str:
-        return f"<pyring.backend.PyringWork {self._work or 'completed'}>"
+        return f"<pyring.c10d.backend.PyringWork {self._work or 'completed'}>"

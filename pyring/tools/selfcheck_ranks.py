@@ -1,4 +1,4 @@
-"""The GPU benchmarks of the self-check (pyring/selfcheck.py), run in spawned ranks: the CUDA
+"""The GPU benchmarks of the self-check (pyring/tools/selfcheck.py), run in spawned ranks: the CUDA
 kernels beside a device-to-device copy, and allreduce on one GPU beside gloo, NCCL and the
 host copies. Each function returns plain data (JSON-ready); figures are in seconds and GB/s
 (1e9 bytes per second)."""
@@ -30,7 +30,7 @@ def launch(world: int, fn: Callable, *args: Any, timeout: float) -> list[Any]:
     """fn(rank, world, store, *args) on `world` spawned ranks, their results in rank order,
     through the project's one launcher (pyring.launch). Raises when a rank fails or outlives
     `timeout`."""
-    from .launch import run_ranks
+    from ..launch import run_ranks
 
     return run_ranks(world, fn, *args, timeout=timeout, hard_exit=True)
 
@@ -108,10 +108,10 @@ FAULT_CASES = (("faulted-before", 0.0), ("faults-while-waiting", 0.3))
 
 
 def measure_device_fault(timeout: float) -> dict[str, Any]:
-    """pyring.testing.faults.device_fault on 2 ranks sharing GPU 0: a kernel that writes out of
+    """pyring.tools.device_fault.device_fault on 2 ranks sharing GPU 0: a kernel that writes out of
     bounds on rank 0's stream, run before the all_reduce or while it waits. Every rank must raise
     CommError naming cudaErrorIllegalAddress within FAULT_LIMIT_S."""
-    from .testing import faults
+    from . import device_fault as faults
 
     out: dict[str, Any] = {"limit_s": FAULT_LIMIT_S, "deadline_s": FAULT_DEADLINE_S, "cases": {}}
     bad: list[str] = []
@@ -170,7 +170,7 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         if lib == "pyring-hostwait":
             call = lambda: comm.all_reduce(t, async_op=True).synchronize()  # noqa: E731
         if lib in WIRE_JOBS:
-            from pyring.compression import all_reduce_wire
+            from pyring.optim.compression import all_reduce_wire
 
             state = pyring.OneBitState()
             call = lambda: all_reduce_wire(comm, t, "avg", WIRE_JOBS[lib], state)  # noqa: E731

@@ -15,7 +15,7 @@ Ownership: an EmulatedHosts removes exactly the namespaces it created (removing 
 removes its interfaces) and kills the processes it started, on close(), on exceptions inside
 ``with``, at exit and on SIGTERM/SIGINT (whose previous handlers then run). It needs root.
 
-The launcher (pyring/_emulate_launch.py) is run by path and imports only the standard library.
+The launcher (pyring/tools/emulate_launch.py) is run by path and imports only the standard library.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _pick_subnet(seed: int) -> ipaddress.IPv4Network:
 
 
 # One host's launcher, run by path inside the host's namespaces (standard library only).
-_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_emulate_launch.py")
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emulate_launch.py")
 
 
 def _tail(path: str, chars: int = 3000) -> str:

@@ -15,9 +15,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from . import _C
-from .config import Config
-from .errors import Error
+from .. import _C
+from ..config import Config
+from ..errors import Error
 
 _NSLOTS = 8
 
@@ -77,7 +77,7 @@ def find_store(rank: int | None, world_size: int | None, store: Any, timeout_s: 
         tcp = dist.TCPStore(addr, int(port), world_size, is_master=(rank == 0 and not agent_store),
                             timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
     except (RuntimeError, OSError) as e:
-        from .errors import CommError
+        from ..errors import CommError
 
         detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CommError(f"rank {rank}: could not reach the store at {addr}:{port} "
@@ -118,7 +118,7 @@ class Guarded:
         self.address = store_address(store)
 
     def _call(self, op: str, keys: list[str], *args: Any) -> Any:
-        from .errors import CommError
+        from ..errors import CommError
 
         try:
             return getattr(self.inner, op)(*args)
@@ -199,7 +199,7 @@ def listen_address(cfg: Config, store: Any) -> str:
 
 def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s: float) -> None:
     """Returns once every rank in ``ranks`` has reached barrier ``name``."""
-    from .errors import CommTimeout
+    from ..errors import CommTimeout
 
     store.set(f"{name}/{rank}", b"1")
     keys = [f"{name}/{r}" for r in ranks]
@@ -217,7 +217,7 @@ def store_barrier(store: Any, name: str, rank: int, ranks: list[int], timeout_s:
 
 def job_key(store: Any, rank: int, timeout_s: float) -> bytes:
     """The job's secret and name, which rank 0 publishes when it joins."""
-    from .errors import CommTimeout
+    from ..errors import CommTimeout
 
     try:
         store.wait(["job"], datetime.timedelta(seconds=timeout_s))
@@ -232,7 +232,7 @@ def job_key(store: Any, rank: int, timeout_s: float) -> bytes:
 def exchange(store: Any, rank: int, world: int, info: Any, timeout_s: float,
              key: str = "peer") -> list:
     """Publishes ``info`` (JSON) under ``key`` and returns every rank's, in rank order."""
-    from .errors import CommTimeout
+    from ..errors import CommTimeout
 
     store.set(f"{key}/{rank}", json.dumps(info).encode())
     keys = [f"{key}/{r}" for r in range(world)]

@@ -1,8 +1,8 @@
 """The self-check: on a GPU machine, one command builds pyring in place with CUDA, runs the GPU
 tests and the GPU benchmarks, and writes one JSON and one PNG with the machine's description.
 
-    python -m pyring.selfcheck [--out DIR] [--quick] [--no-build]
-    python pyring/selfcheck.py ...        # the same, where no pyring._C is built yet
+    python -m pyring.tools.selfcheck [--out DIR] [--quick] [--no-build]
+    python pyring/tools/selfcheck.py ...        # the same, where no pyring._C is built yet
 
 Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
   build        pip install --no-build-isolation --no-deps --no-index -e <tree> (scikit-build-core)
@@ -19,11 +19,11 @@ Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
 A step that needs a GPU records {"skipped": why} where none is usable; a step that fails
 records its error and the next one runs. The exit status is 1 when a step that ran failed.
 Targets (recorded under "targets" as met or not, never asserted) are in
-pyring/_selfcheck_report.py's TARGETS, with the report's other pieces.
+pyring/tools/selfcheck_report.py's TARGETS, with the report's other pieces.
 --quick shrinks the CPU parts (1 and 2 ranks, few steps, a small model) for CI.
 
 Every step runs in fresh processes (the GPU benchmarks in the spawned ranks of
-pyring/_selfcheck_ranks.py): the build replaces pyring._C, and this process keeps the module
+pyring/tools/selfcheck_ranks.py): the build replaces pyring._C, and this process keeps the module
 it started with. This file imports no pyring at its top, so that it runs as a file in a tree
 with no core built yet.
 """
@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 if __name__ == "__main__" and not __package__:  # run as a file: import pyring from its tree
-    sys.path[0] = str(Path(__file__).absolute().parent.parent)
+    sys.path[0] = str(Path(__file__).absolute().parents[2])
 
-PKG_PARENT = Path(__file__).absolute().parent.parent  # what the children import pyring from
+PKG_PARENT = Path(__file__).absolute().parents[2]  # what the children import pyring from
 
 
 def _sibling(name: str) -> Any:
@@ -56,7 +56,7 @@ def _sibling(name: str) -> Any:
     return module
 
 
-report = _sibling("_selfcheck_report")
+report = _sibling("selfcheck_report")
 
 
 # ----------------------------------------------------------------------------- processes
@@ -213,7 +213,11 @@ def step_device_fault(c: Check) -> dict[str, Any]:
 
 
 def child_measure(c: Check, name: str) -> dict[str, Any]:
-    from pyring._selfcheck_ranks import measure_allreduce, measure_device_fault, measure_kernels
+    from pyring.tools.selfcheck_ranks import (
+        measure_allreduce,
+        measure_device_fault,
+        measure_kernels,
+    )
 
     if name == "kernels":
         return measure_kernels(c.left(200))
@@ -238,12 +242,12 @@ def sanitizer_path() -> str | None:
 
 
 def step_sanitizer(c: Check) -> dict[str, Any]:
-    """Each tool of SANITIZER_TOOLS over pyring/_selfcheck_ranks.py's sanitize_jobs (2 ranks on
+    """Each tool of SANITIZER_TOOLS over pyring/tools/selfcheck_ranks.py's sanitize_jobs (2 ranks on
     GPU 0, every process followed): the errors each tool reports, summed over processes."""
     exe = sanitizer_path()
     if exe is None:
         return {"error": "compute-sanitizer is not on PATH, under CUDA_HOME or /usr/local/cuda"}
-    job = ("import sys; from pyring._selfcheck_ranks import sanitize_jobs; "
+    job = ("import sys; from pyring.tools.selfcheck_ranks import sanitize_jobs; "
            "sys.exit(sanitize_jobs())")
     out: dict[str, Any] = {"tools": {}}
     for tool in SANITIZER_TOOLS:
@@ -336,7 +340,7 @@ def no_tree_reason() -> str | None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pyring.selfcheck",
+    p = argparse.ArgumentParser(prog="python -m pyring.tools.selfcheck",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="selfcheck", help="folder of selfcheck.json and .png")
     p.add_argument("--quick", action="store_true", help="small CPU parts (about a minute)")
@@ -378,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     c.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     c.probe = probe()
-    me = ["-m", "pyring.selfcheck"] if __package__ else sys.argv[:1]
+    me = ["-m", "pyring.tools.selfcheck"] if __package__ else sys.argv[:1]
     doc: dict[str, Any] = {"selfcheck": "pyring", "command": [sys.executable, *me, *sys.argv[1:]],
                            "quick": args.quick, "tree": str(tree()), "steps": {}}
     path = c.out / "selfcheck.json"

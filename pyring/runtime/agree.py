@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from .errors import Error
+from ..errors import Error
 
 
 def describe(t: Any) -> str:

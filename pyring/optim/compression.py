@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C
+from .. import _C
 
 WIRES: tuple[str, ...] = tuple(_C.WIRE_NAMES)
 

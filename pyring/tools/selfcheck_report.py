@@ -1,4 +1,4 @@
-"""The self-check's report (pyring/selfcheck.py): the machine's and the devices' description,
+"""The self-check's report (pyring/tools/selfcheck.py): the machine's and the devices' description,
 what the tools' output says (pytest, compute-sanitizer), the targets met or not, the PNG and the
 one-line summaries. Imports no pyring at its top, so that it loads before the core is built."""
 

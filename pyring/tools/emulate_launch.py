@@ -1,8 +1,8 @@
-"""One emulated host's launcher (see pyring._emulate): started by path inside the host's network,
-IPC and mount namespaces, it starts that host's ranks, records each exit status in its "rc"
+"""One emulated host's launcher (see pyring.tools.emulate): started by path inside the host's
+network, IPC and mount namespaces, it starts that host's ranks, records each exit status in its "rc"
 file and dies with its parent. Standard library only.
 
-    python -I _emulate_launch.py SPEC.json
+    python -I emulate_launch.py SPEC.json
 """
 
 from __future__ import annotations

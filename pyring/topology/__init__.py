@@ -6,7 +6,7 @@ tree order, so concatenating the groups of any level gives the ring order.
 
 Topologies come from :func:`parse` (``PYRING_TOPOLOGY``, ``init(topology=...)``) or from
 :func:`detect`, which every rank runs on the same exchanged inputs (host keys, GPU paths from
-:func:`pyring.pci.local_gpu_path`). Pure Python; nothing here reads the machine.
+:func:`pyring.topology.pci.local_gpu_path`). Pure Python; nothing here reads the machine.
 """
 
 from __future__ import annotations

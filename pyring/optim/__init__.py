@@ -18,10 +18,10 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ._agree import check_same_on_all_ranks, describe
-from .api import default
+from ..api import default
+from ..errors import Error
+from ..runtime.agree import check_same_on_all_ranks, describe
 from .compression import GradientExchange
-from .errors import Error
 
 _FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
 
@@ -283,7 +283,7 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     ``compression`` ("none", "fp16", "bf16" or "onebit") is the wire the gradients travel on:
     a :class:`pyring.GradientExchange`, the strategy the DDP hooks share. "none" is the
     ordinary allreduce, overlapping backward; the others exchange each bucket as it fills, on
-    the compressed schedule of pyring/compression.py (one-bit with error-feedback residuals
+    the compressed schedule of pyring/optim/compression.py (one-bit with error-feedback residuals
     per bucket, in ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
     The per-parameter flags always travel exactly.
 

@@ -15,8 +15,9 @@ try:
 except ImportError:  # pragma: no cover - torch is always present in practice
     torch = None
 
-from . import _C, _devices
-from .ops import _FAST as _OP_CODE_OF_NAME
+from .. import _C
+from ..ops import _FAST as _OP_CODE_OF_NAME
+from . import devices as _devices
 
 # Names and sizes come from the core (csrc/core/types.h), in code order.
 DTYPE_NAMES: tuple[str, ...] = tuple(_C.DTYPE_NAMES)
@@ -43,7 +44,7 @@ class View(NamedTuple):
     count: int
     dtype: int
     nbytes: int
-    # (kind code, index, stream) of a device buffer (pyring/_devices.py); None on the host.
+    # (kind code, index, stream) of a device buffer (pyring/runtime/devices.py); None on the host.
     device: tuple | None = None
 
 
@@ -55,7 +56,7 @@ _new_view = tuple.__new__
 def view_of(obj: Any, op: str, name: str, writable: bool = False,
             devices: bool = False) -> View:
     """Validates ``obj`` as argument ``name`` of ``op`` and returns its view. With
-    ``devices``, device buffers are taken too (pyring/_devices.py); else they are refused."""
+    ``devices``, device buffers are taken too (pyring/runtime/devices.py); else they are refused."""
     if isinstance(obj, _Tensor):
         code = _TORCH_CODES.get(obj.dtype)
         if code is None or obj.layout is not _STRIDED or not obj.is_cpu or not obj.is_contiguous():
@@ -71,6 +72,10 @@ def view_of(obj: Any, op: str, name: str, writable: bool = False,
         if not devices:
             raise ValueError(f"{op}: {name} is device memory ({type(obj).__name__}); {op} "
                              f"takes host buffers only")
+        if type(obj).__name__ == "PyCapsule":  # DLPack: taken as the torch tensor it holds
+            import torch.utils.dlpack
+
+            return view_of(torch.utils.dlpack.from_dlpack(obj), op, name, writable, devices)
         return _devices.interface_view(obj, op, name, writable, View)
     raise TypeError(
         f"{op}: {name} must be a torch.Tensor or numpy.ndarray, or device memory (an object "
@@ -133,6 +138,10 @@ def bytes_of(obj: Any, op: str, name: str, writable: bool = False,
     if isinstance(obj, np.ndarray):
         return _numpy_view(obj, op, name, writable, any_dtype=True)
     if _devices.is_device_object(obj):
+        if devices and type(obj).__name__ == "PyCapsule":  # DLPack: the torch tensor it holds
+            import torch.utils.dlpack
+
+            return bytes_of(torch.utils.dlpack.from_dlpack(obj), op, name, writable, devices)
         if devices:
             return _devices.interface_view(obj, op, name, writable, View)
         raise ValueError(f"{op}: {name} is device memory ({type(obj).__name__}); {op} takes "

@@ -29,7 +29,7 @@ Contracts:
   synchronous Python calls (``asyncOp`` False) run to completion before returning.
 - Deadline: ``init_process_group(timeout=...)`` when given, else ``PYRING_TIMEOUT`` (300 s).
 - A mixed backend string (``"cpu:pyring,cuda:nccl"``) hands the other devices' tensors to
-  their backends (pyring._c10d_routes).
+  their backends (pyring.c10d.routes).
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ import os
 import sys
 from typing import Any
 
-from _pyring_autoload import BACKEND_NAME, DEVICES
+from _pyring_autoload.names import BACKEND_NAME, DEVICES
 
-from . import _settings
-from ._buffers import bytes_of
-from ._c10d_routes import backends_from_caller, route
-from ._c10d_tensors import _Dense, _real
-from ._c10d_work import PyringWork, _seconds, eager_under_compile, run_as_is
-from .api import init
-from .work import Work
+from .. import _settings
+from ..api import init
+from ..runtime.buffers import bytes_of
+from ..work import Work
+from .routes import backends_from_caller, route
+from .tensors import _Dense, _real
+from .work import PyringWork, _seconds, eager_under_compile, run_as_is
 
 try:
     import torch
@@ -80,7 +80,7 @@ def _check_pieces(pieces: list, single: Any, world: int, what: str) -> None:
 
 _SYNC_P2P = ("send", "recv")
 # Frames between torch's send/recv and the group's: torch.compile's wrappers, the routing.
-_PASSED_THROUGH = (f"{os.sep}_dynamo{os.sep}", f"{os.sep}_c10d_routes.py")
+_PASSED_THROUGH = (f"{os.sep}_dynamo{os.sep}", sys.modules[route.__module__].__file__)
 
 
 def _called_from_sync_p2p(frame: Any) -> bool:
@@ -129,7 +129,7 @@ class ProcessGroupPyring(_ProcessGroup):
     # object collectives, FSDP's sharded state dicts, distributed checkpoints, timeouts. A Python
     # group registers no C++ backend, so it answers for itself: it serves DEVICES, and is its
     # own backend on each, but where a mixed backend string gave a device to another backend
-    # (pyring._c10d_routes), whose timeouts torch then adjusts as usual.
+    # (pyring.c10d.routes), whose timeouts torch then adjusts as usual.
     @property
     def _device_types(self) -> list:
         return [torch.device(d) for d in DEVICES]
@@ -180,7 +180,7 @@ class ProcessGroupPyring(_ProcessGroup):
     def _sparse_sum(self, t: Any, op: Any) -> None:
         """A sparse COO tensor's sum over ranks, in place (coalesced), as gloo gives: every
         rank's indices and values are gathered (padded to the largest count), then summed."""
-        from .ops import op_code
+        from ..ops import op_code
 
         if op_code(op, "allreduce") != op_code("sum"):
             raise ValueError("pyring backend: sparse tensors reduce with SUM only")

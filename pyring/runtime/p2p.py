@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _C
-from ._buffers import bytes_of, check_same_dtype, view_of
-from ._desync import dtype_code
-from .ops import op_code
-from .work import Work
+from .. import _C
+from ..ops import op_code
+from ..work import Work
+from .buffers import bytes_of, check_same_dtype, view_of
+from .desync import dtype_code
 
 _ANY = -1
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _C
-from ._buffers import DTYPE_NAMES, view_of
-from .config import ALGOS
-from .errors import DesyncError
+from .. import _C
+from ..config import ALGOS
+from ..errors import DesyncError
+from .buffers import DTYPE_NAMES, view_of
 
 KINDS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
          "reduce", "gather", "scatter", "all_to_all_single", "all_to_all")

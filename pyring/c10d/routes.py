@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from _pyring_autoload import BACKEND_NAME
+from _pyring_autoload.names import BACKEND_NAME
 
 try:
     import torch

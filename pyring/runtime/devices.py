@@ -9,11 +9,11 @@ collective is ordered. Every check happens here, before any byte moves.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from . import _C
+from .. import _C
 
 KIND_NAMES: tuple[str, ...] = tuple(_C.DEVICE_KIND_NAMES)
 CPU, CUDA, SIM = (KIND_NAMES.index(n) for n in ("cpu", "cuda", "sim"))
@@ -74,10 +74,8 @@ def torch_device_view(t: Any, code: int, view: Any) -> Any:
     import torch
 
     if t.device.type == KIND_NAMES[SIM]:
-        from .testing import sim
-
         index = t.device.index or 0
-        kind, stream = SIM, sim.current_stream(index).id
+        kind, stream = SIM, current_stream((SIM, index))
     else:
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         kind, stream = CUDA, torch.cuda.current_stream(index).cuda_stream
@@ -86,14 +84,7 @@ def torch_device_view(t: Any, code: int, view: Any) -> Any:
 
 
 def interface_view(obj: Any, op: str, name: str, writable: bool, view: Any) -> Any:
-    """The device view of an array-interface object (CUDA or sim), or of a DLPack capsule."""
-    if type(obj).__name__ == "PyCapsule":
-        import torch.utils.dlpack
-
-        t = torch.utils.dlpack.from_dlpack(obj)
-        from ._buffers import view_of
-
-        return view_of(t, op, name, writable, devices=True)
+    """The device view of an array-interface object (CUDA or sim)."""
     if hasattr(obj, "__sim_array_interface__"):
         iface, kind = obj.__sim_array_interface__, SIM
         index = int(iface["device"])
@@ -142,15 +133,30 @@ def _cuda_index_of(obj: Any) -> int:
     return torch.as_tensor(obj, device="cuda").device.index
 
 
+def _cuda_current_stream(index: int) -> int:
+    import torch
+
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# The caller's current stream of a device kind, by kind code: CUDA's is torch's; the test-only
+# sim device adds its own when pyring.testing.sim is imported (register_stream_source), which
+# every sim buffer's maker does first.
+_STREAM_SOURCES: dict[int, Callable[[int], int]] = {CUDA: _cuda_current_stream}
+
+
+def register_stream_source(kind: int, source: Callable[[int], int]) -> None:
+    """Makes ``source(index)`` the caller's current stream of devices of kind ``kind``."""
+    _STREAM_SOURCES[kind] = source
+
+
 def current_stream(device: tuple) -> int:
     """The caller's current stream on ``device`` now (for work.wait())."""
-    if device[0] == CUDA:
-        import torch
-
-        return torch.cuda.current_stream(device[1]).cuda_stream
-    from .testing import sim
-
-    return sim.current_stream(device[1]).id
+    source = _STREAM_SOURCES.get(device[0])
+    if source is None:
+        raise ValueError(f"no current stream is known for device {device_name(device)}: "
+                         f"import pyring.testing.sim before using sim device buffers")
+    return source(device[1])
 
 
 def common_device(comm: Any, op: str, views: list, names: list[str]) -> tuple | None:

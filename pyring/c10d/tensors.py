@@ -52,7 +52,7 @@ def _real(t: Any, op: Any) -> tuple:
     AVG as the same reduction of its real view (what torch's own all_reduce hands a
     backend); a bool SUM/PRODUCT/MAX/MIN as MAX/MIN/MAX/MIN of its bytes (any/all); anything
     else as it is."""
-    from .ops import op_code
+    from ..ops import op_code
 
     if not isinstance(t, torch.Tensor):
         return t, op

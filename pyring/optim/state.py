@@ -6,8 +6,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from ._agree import check_same_on_all_ranks, describe
-from .api import default
+from ..api import default
+from ..runtime.agree import check_same_on_all_ranks, describe
 
 
 def _tensors(obj: Any) -> list[tuple[str, Any]]:
