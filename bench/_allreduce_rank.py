@@ -205,10 +205,12 @@ def _gather(store: Any, k: int, world: int, nbytes: int, iters: int,
     """Size k's raw entry from every rank's blocks: per block the median over its calls of the
     slowest rank's time, the bytes that crossed to other hosts per call, and per rank the cores
     its process kept busy during the calls (user + system seconds over wall seconds)."""
+    from pyring.tools.timing import slowest_per_iteration
+
     ranks = [json.loads(store.get(f"allreduce/{k}/{r}")) for r in range(world)]
     out = []
     for b, (name, *_) in enumerate(ranks[0][0]):
-        slowest = [max(g[0][b][1][i] for g in ranks) for i in range(iters)]
+        slowest = slowest_per_iteration([g[0][b][1][:iters] for g in ranks])
         out.append({"lib": name, "median_us": statistics.median(slowest) * 1e6,
                     "min_us": min(slowest) * 1e6,
                     "sent_across_per_call": sum(g[0][b][2] for g in ranks),

@@ -23,6 +23,7 @@ from _train_step import FIELDS, LIB, Alone, Batches, Trainer, gradient_elements
 
 import pyring
 from pyring.runtime.rendezvous import store_barrier
+from pyring.tools.timing import slowest_per_iteration
 
 # A run's JSON name for each field's median over iterations (of the slowest rank's times).
 RUN_FIELDS = {
@@ -79,7 +80,7 @@ def summarize_run(ranks: list[dict[str, Any]], world: int, wall: float) -> dict[
         "device": ranks[0]["device"],
         "wall_s": round(wall, 2),
     }
-    per_iter = {k: [max(it) for it in zip(*(r[k] for r in ranks))] for k in FIELDS if k in ranks[0]}
+    per_iter = {k: slowest_per_iteration([r[k] for r in ranks]) for k in FIELDS if k in ranks[0]}
     for k, times in per_iter.items():
         out[RUN_FIELDS[k]] = statistics.median(times)
     means = [statistics.fmean(r["step"]) for r in ranks]

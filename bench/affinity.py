@@ -33,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 SETTINGS = ("auto", "off")
 
 
-def _latency_rank(rank: int, world: int, store: Any, nbytes: int, iters: int) -> float:
+def _latency_rank(rank: int, world: int, store: Any, nbytes: int, iters: int) -> list[float]:
     import torch
 
     import pyring
@@ -50,7 +50,7 @@ def _latency_rank(rank: int, world: int, store: Any, nbytes: int, iters: int) ->
             comm.all_reduce(x)
             times.append(time.perf_counter() - t0)
     comm.close()
-    return statistics.median(times) * 1e6
+    return [t * 1e6 for t in times]
 
 
 def _with_setting(setting: str) -> dict[str, str]:
@@ -63,7 +63,9 @@ def _latency(setting: str, args: argparse.Namespace) -> float:
     saved = os.environ.get("PYRING_AFFINITY")
     os.environ["PYRING_AFFINITY"] = setting  # the spawned ranks inherit it
     try:
-        return max(launch(_latency_rank, 2, args.bytes, args.iters, timeout=300))
+        from pyring.tools.timing import slowest_median
+
+        return slowest_median(launch(_latency_rank, 2, args.bytes, args.iters, timeout=300))
     finally:
         if saved is None:
             del os.environ["PYRING_AFFINITY"]

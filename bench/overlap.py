@@ -41,6 +41,8 @@ from pathlib import Path
 from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
+from pyring.tools.timing import slowest_median
+
 HOOKS = ("onebit", "bf16", "fp16", "fp32", "noop")
 
 
@@ -185,8 +187,7 @@ def main() -> None:
     for name in cfg["hooks"]:
         med = {}
         for k in ("compute", "exchange", "step"):
-            slowest = [max(r[name]["times_s"][k][i] for r in ranks) for i in range(args.rounds)]
-            med[k] = statistics.median(slowest)
+            med[k] = slowest_median([r[name]["times_s"][k][:args.rounds] for r in ranks])
         for k in ("compute", "exchange", "step"):  # medians over rounds and ranks
             med[f"{k}_cpu"] = statistics.median(c for r in ranks for c in r[name]["cpu_s"][k])
             med[f"{k}_preempted"] = statistics.median(

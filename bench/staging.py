@@ -30,6 +30,7 @@ from machine import describe
 from pyring import _C
 from pyring.config import parse_bytes
 from pyring.launch import run_ranks
+from pyring.tools.timing import slowest_per_iteration
 
 
 def _rank(rank, world, store, nbytes, rounds, iters):
@@ -81,8 +82,7 @@ def main() -> int:
     args = p.parse_args()
     nbytes = parse_bytes(args.bytes, "--bytes")
     res = run_ranks(2, _rank, nbytes, args.rounds, args.iters, timeout=1800)
-    # Per round, the slower rank's time; then the median over rounds.
-    per = {k: [max(r[0][k][i] for r in res) for i in range(args.rounds)]
+    per = {k: slowest_per_iteration([r[0][k][:args.rounds] for r in res])
            for k in ("host", "copies", "device")}
     med = {k: statistics.median(v) for k, v in per.items()}
     ratio = [d / (h + c) for d, h, c in zip(per["device"], per["host"], per["copies"])]

@@ -17,13 +17,14 @@ import datetime
 import json
 import os
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
+
+from pyring.tools.timing import slowest_median
 
 WIRES = ("fp32", "fp16", "bf16", "onebit")
 
@@ -100,8 +101,7 @@ def main() -> None:
         ranks, link = _hosts(args.where, args.bytes, args.rounds)
     med = {}
     for w in WIRES:
-        slowest = [max(r[w][i] for r in ranks) for i in range(args.rounds)]
-        med[w] = statistics.median(slowest)
+        med[w] = slowest_median([r[w][:args.rounds] for r in ranks])
     ratios = {f"fp32_over_{w}": med["fp32"] / med[w] for w in WIRES if w != "fp32"}
     for w in WIRES:
         print(f"{args.where:>6s} {args.bytes >> 20} MiB {w:>6s}: {med[w] * 1e3:9.2f} ms"

@@ -1,8 +1,9 @@
 """The documentation keeps up with the code: every relative link in the README and docs/
 points at a file that exists, every PYRING_* variable the code reads is a row of the settings
 table, the configuration page carries that table as generated, every results table marked as
-generated matches what bench/tables.py renders from its JSON, and the package's __all__ names
-every delegated collective."""
+generated matches what bench/tables.py renders from its JSON, every committed file of
+bench/results/ is cited by a page, and the package's __all__ names every delegated
+collective."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ READ = re.compile(r"(?:getenv|environ\.get|environ\[|env\.get|env_int|read|given
 
 def _pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_committed_result_is_cited():
+    """bench/results/ keeps what a page cites (a link, a table's source, a figure in the
+    text); a run writes under bench/results/runs/, which git ignores."""
+    listed = [p for p in (ROOT / "bench" / "results").iterdir() if p.is_file()]
+    assert len(listed) > 10
+    text = "".join(p.read_text() for p in [*_pages(), ROOT / "bench" / "README.md"])
+    uncited = sorted(p.name for p in listed if p.name not in text)
+    assert uncited == [], f"committed but cited by no page: {uncited}"
 
 
 def test_relative_links_point_at_files():

@@ -10,6 +10,8 @@ import statistics
 import time
 from typing import Any, Callable
 
+from .timing import slowest_per_iteration
+
 MIB = 1 << 20
 KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
 # (world, library) in the order they run; "copies": a pinned D2H then H2D of the buffer.
@@ -215,7 +217,7 @@ def measure_allreduce(limit: Callable[[float], float]) -> dict[str, Any]:
                                 "d2d_s": statistics.median(ranks[0]["d2d_s"]),
                                 "time_s": statistics.median([x + y for x, y in zip(d2h, h2d)])}
             continue
-        slowest = [max(r["times_s"][i] for r in ranks) for i in range(iters)]
+        slowest = slowest_per_iteration([r["times_s"][:iters] for r in ranks])
         med = statistics.median(slowest)
         out["runs"][key] = {"time_s": med, "min_s": min(slowest), "iters": iters,
                             "algbw_GBps": ALLREDUCE_BYTES / med / 1e9,
