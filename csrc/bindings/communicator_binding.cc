@@ -281,7 +281,10 @@ void register_communicator(py::module_& m) {
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
-            if (!da.device.is_cpu()) return allreduce_on_device(c, async_op, vi, vo, rop, a, da);
+            const Plan plan = place(c, call_of(CallKind::kAllReduce, "all_reduce", vi, da, a));
+            if (plan.placement != Placement::kHost) {
+              return allreduce_on_device(c, async_op, vi, vo, rop, a, da, plan.placement);
+            }
             // root >= 0: a reduce to that rank, run as this all_reduce (its headers carry it).
             PYRING_CHECK_ARG(root >= -1 && root < c.size(), "reduce: dst=", root,
                              " is not a rank of a world of ", c.size());
@@ -299,14 +302,16 @@ void register_communicator(py::module_& m) {
             BufferView vo = view(out, out_count, dtype);
             ReduceOp rop = op_from_int(op);
             const DeviceArgs da = device_args(device);
-            if (stays_on_device(c, da)) {
+            const Placement where =
+                place(c, call_of(CallKind::kReduceScatter, "reduce_scatter", vi, da)).placement;
+            if (where == Placement::kResident) {
               return launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
                                      [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
                                        resident_reduce_scatter(c, on_stream(vi, dev, s),
                                                                on_stream(vo, dev, s), rop, d);
                                      });
             }
-            if (!da.device.is_cpu()) {
+            if (where == Placement::kStaged) {
               return launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
                                    {StagedRegion{vi.data, vi.bytes(), true, false},
                                     StagedRegion{vo.data, vo.bytes(), false, true}},
@@ -327,14 +332,16 @@ void register_communicator(py::module_& m) {
             BufferView vi = view(in, in_count, dtype);
             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
             const DeviceArgs da = device_args(device);
-            if (stays_on_device(c, da)) {
+            const Placement where =
+                place(c, call_of(CallKind::kAllGather, "all_gather", vo, da)).placement;
+            if (where == Placement::kResident) {
               return launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
                                      [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
                                        resident_allgather(c, on_stream(vi, dev, s),
                                                           on_stream(vo, dev, s), d);
                                      });
             }
-            if (!da.device.is_cpu()) {
+            if (where == Placement::kStaged) {
               return launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
                                    {StagedRegion{vi.data, vi.bytes(), true, false},
                                     StagedRegion{vo.data, vo.bytes(), false, true}},
@@ -355,13 +362,15 @@ void register_communicator(py::module_& m) {
                              " out of range for world size ", c.size());
             BufferView v = view(ptr, count, dtype);
             const DeviceArgs da = device_args(device);
-            if (stays_on_device(c, da)) {
+            const Placement where =
+                place(c, call_of(CallKind::kBroadcast, "broadcast", v, da)).placement;
+            if (where == Placement::kResident) {
               return launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
                                      [&c, v, root, dev = da.device](StreamId s, Deadline d) {
                                        ring_broadcast(c, on_stream(v, dev, s), root, d);
                                      });
             }
-            if (!da.device.is_cpu()) {
+            if (where == Placement::kStaged) {
               const bool root_here = root == c.rank();
               return launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
                                    {StagedRegion{v.data, v.bytes(), root_here, !root_here}},

@@ -19,6 +19,22 @@ DeviceArgs device_args(const py::object& device) {
   return a;
 }
 
+CallDesc call_of(CallKind kind, const char* name, const BufferView& v, const DeviceArgs& args,
+                 Algo algo) {
+  CallDesc d = call_of(kind, name, args);
+  d.dtype = v.dtype;
+  d.algo = algo;
+  return d;
+}
+
+CallDesc call_of(CallKind kind, const char* name, const DeviceArgs& args) {
+  CallDesc d;
+  d.kind = kind;
+  d.name = name;
+  d.device = args.device;
+  return d;
+}
+
 BufferView host_view(const BufferView& v, uint8_t* host) {
   BufferView h = v;
   h.data = host;
@@ -32,10 +48,6 @@ BufferView on_stream(const BufferView& v, const Device& device, StreamId stream)
   s.device = device;
   s.stream = stream;
   return s;
-}
-
-bool stays_on_device(const Communicator& comm, const DeviceArgs& args) {
-  return !args.device.is_cpu() && (comm.size() == 1 || comm.resident_on(args.device));
 }
 
 py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
@@ -95,9 +107,10 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
 }
 
 py::object allreduce_on_device(Communicator& c, bool async_op, const BufferView& vi,
-                               const BufferView& vo, ReduceOp rop, Algo a, const DeviceArgs& da) {
+                               const BufferView& vo, ReduceOp rop, Algo a, const DeviceArgs& da,
+                               Placement placement) {
   const CollectiveDesc desc = desc_of("all_reduce", vi, static_cast<int>(rop));
-  if (stays_on_device(c, da) && (c.size() == 1 || a == Algo::kAuto || a == Algo::kRing)) {
+  if (placement == Placement::kResident) {
     return launch_resident(
         c, async_op, desc, da, [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
           resident_allreduce(c, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "collectives/placement.h"
 #include "core/device_queue.h"
 
 namespace pyring::bindings {
@@ -25,6 +26,13 @@ struct DeviceTicket {
 // None: the host; else the tuple (kind code, index, stream). Throws InvalidArgument.
 DeviceArgs device_args(const py::object& device);
 
+// The planner's description of a call (collectives/placement.h) on buffers like `v` on
+// args.device, with the call's algorithm.
+CallDesc call_of(CallKind kind, const char* name, const BufferView& v, const DeviceArgs& args,
+                 Algo algo = Algo::kAuto);
+// The same for calls whose element type does not matter (they move bytes).
+CallDesc call_of(CallKind kind, const char* name, const DeviceArgs& args);
+
 // Runs `fn` over host copies of `regions` as one collective ordered on args.stream
 // (core/device_queue.h). Synchronous: returns its DeviceTicket once the host part is done and
 // the stream is ordered after the results (the caller keeps the buffers referenced until the
@@ -39,21 +47,17 @@ py::object launch_staged(Communicator& comm, bool async_op, const CollectiveDesc
                          const DeviceArgs& args,
                          std::function<void(DeviceQueue&, uint64_t, Deadline)> body);
 
-// Whether a collective on args.device runs on the device buffers themselves: the
-// communicator's device links carry that device, or it has one rank (nothing moves).
-bool stays_on_device(const Communicator& comm, const DeviceArgs& args);
-
-// The same, run on the device buffers themselves (DeviceQueue::run_resident), where
-// stays_on_device(comm, args): body(pyring's stream, deadline).
+// The same, run on the device buffers themselves (DeviceQueue::run_resident), where the
+// planner placed the call there (collectives/placement.h): body(pyring's stream, deadline).
 py::object launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                            const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
 
-// all_reduce(vi -> vo) of device buffers on args.device: on the buffers themselves where they
-// stay on the device and the ring is allowed (or there is one rank), else staged in chunks through
-// the host, each chunk reduced while its neighbours are copied.
+// all_reduce(vi -> vo) of device buffers on args.device, placed by the planner: on the buffers
+// themselves (kResident), or staged in chunks through the host (kStaged), each chunk reduced
+// while its neighbours are copied.
 py::object allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
-                               const BufferView& vo, ReduceOp op, Algo algo,
-                               const DeviceArgs& args);
+                               const BufferView& vo, ReduceOp op, Algo algo, const DeviceArgs& args,
+                               Placement placement);
 
 // `v` on `device`, its kernels and copies queued on `stream`.
 BufferView on_stream(const BufferView& v, const Device& device, StreamId stream);

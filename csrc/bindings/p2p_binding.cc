@@ -122,7 +122,8 @@ void register_p2p(CommunicatorClass& cls) {
             if (c.rank() == root) b = spans(blocks, c.size(), "gather's output list");
             Span s = span(in, bytes);
             const DeviceArgs da = device_args(device);
-            if (!da.device.is_cpu()) {
+            if (place(c, call_of(CallKind::kPersonal, "gather", da)).placement ==
+                Placement::kStaged) {
               std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, true, false}};
               add_regions(regions, b, false);
               return launch_staged(c, async_op, desc("gather", bytes, root), da, regions,
@@ -144,7 +145,8 @@ void register_p2p(CommunicatorClass& cls) {
             if (c.rank() == root) b = spans(blocks, c.size(), "scatter's input list");
             Span s = span(out, bytes);
             const DeviceArgs da = device_args(device);
-            if (!da.device.is_cpu()) {
+            if (place(c, call_of(CallKind::kPersonal, "scatter", da)).placement ==
+                Placement::kStaged) {
               std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, false, true}};
               add_regions(regions, b, true);
               return launch_staged(c, async_op, desc("scatter", bytes, root), da, regions,
@@ -166,7 +168,8 @@ void register_p2p(CommunicatorClass& cls) {
             size_t total = 0;
             for (const auto& s : i) total += s.bytes;
             const DeviceArgs da = device_args(device);
-            if (!da.device.is_cpu()) {
+            if (place(c, call_of(CallKind::kPersonal, "all_to_all", da)).placement ==
+                Placement::kStaged) {
               std::vector<StagedRegion> regions;
               add_regions(regions, i, true);
               add_regions(regions, o, false);

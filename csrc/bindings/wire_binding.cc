@@ -110,18 +110,21 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
         const Algo a = algo < 0 ? c.options().algo : algo_from_int(algo);
         check_compressed(c, v, exact_tail, w, rop, state.get(), a);
         const DeviceArgs da = device_args(device);
-        if (w == Wire::kFp32 && !da.device.is_cpu()) {  // no codec: the ordinary allreduce
-          return allreduce_on_device(c, async_op, v, v, rop, a, da);
+        CallDesc call = call_of(CallKind::kWireAllReduce, "all_reduce_wire", v, da, a);
+        call.wire = w;
+        const Placement where = place(c, call).placement;
+        if (w == Wire::kFp32 && where != Placement::kHost) {  // no codec: the ordinary allreduce
+          return allreduce_on_device(c, async_op, v, v, rop, a, da, where);
         }
         const CollectiveDesc desc = desc_of("all_reduce", v, op);
-        if (!da.device.is_cpu() && v.dtype != DType::kFloat64) {  // the codec on the device
+        if (where == Placement::kResident) {  // the codec on the device
           return launch_resident(c, async_op, desc, da,
                                  [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {
                                    compressed_allreduce(c, on_stream(v, da.device, s), exact_tail,
                                                         w, rop, state.get(), a, d);
                                  });
         }
-        if (!da.device.is_cpu()) {  // float64: no device cast; staged through the host
+        if (where == Placement::kStaged) {  // float64: no device cast
           return launch_staged(
               c, async_op, desc, da, {StagedRegion{v.data, v.bytes(), true, true}},
               [&c, v, exact_tail, w, rop, state, a](Deadline d, uint8_t* const* h) {

@@ -1,0 +1,71 @@
+#include "collectives/placement.h"
+
+#include "core/errors.h"
+
+namespace pyring {
+
+const char* placement_name(Placement p) {
+  switch (p) {
+    case Placement::kHost:
+      return "host";
+    case Placement::kResident:
+      return "resident";
+    case Placement::kStaged:
+      return "staged";
+  }
+  return "an unknown placement";
+}
+
+namespace {
+
+Plan decide(const Communicator& comm, const CallDesc& call) {
+  if (call.device.is_cpu()) return {Placement::kHost, "host buffers"};
+  const std::string dev = call.device.str();
+  // One rank moves nothing; else the device links must carry this device.
+  const bool links = comm.size() == 1 || comm.resident_on(call.device);
+  const char* no_links = "no device link of this communicator carries the device";
+  switch (call.kind) {
+    case CallKind::kPersonal:
+      return {Placement::kStaged,
+              str_cat(dev,
+                      ": point-to-point and personalised collectives stage device buffers "
+                      "through pinned host memory")};
+    case CallKind::kWireAllReduce:
+      if (call.wire != Wire::kFp32) {
+        if (call.dtype == DType::kFloat64) {
+          return {Placement::kStaged, str_cat(dev, ": float64 has no device cast to the ",
+                                              wire_name(call.wire), " wire")};
+        }
+        return {Placement::kResident,
+                str_cat(dev, ": the ", wire_name(call.wire), " codec runs on the device")};
+      }
+      [[fallthrough]];  // fp32: the ordinary all_reduce
+    case CallKind::kAllReduce:
+      if (!links) return {Placement::kStaged, str_cat(dev, ": ", no_links)};
+      if (comm.size() > 1 && call.algo != Algo::kAuto && call.algo != Algo::kRing) {
+        return {Placement::kStaged,
+                str_cat(dev, ": the ", algo_name(call.algo), " algorithm runs on the host")};
+      }
+      return {Placement::kResident, str_cat(dev, ": the device ring")};
+    case CallKind::kReduceScatter:
+    case CallKind::kAllGather:
+    case CallKind::kBroadcast:
+      if (!links) return {Placement::kStaged, str_cat(dev, ": ", no_links)};
+      return {Placement::kResident, str_cat(dev, ": the device ring")};
+  }
+  PYRING_THROW(InvalidArgument, "place: unknown call kind ", static_cast<int>(call.kind));
+}
+
+}  // namespace
+
+Plan place(Communicator& comm, const CallDesc& call) {
+  Plan p = decide(comm, call);
+  if (comm.options().log_level >= 1 && p.placement != Placement::kHost) {
+    comm.log_once(
+        1, str_cat("place/", call.name, "/", placement_name(p.placement), "/", p.reason),
+        [&] { return str_cat(call.name, ": ", placement_name(p.placement), " (", p.reason, ")"); });
+  }
+  return p;
+}
+
+}  // namespace pyring
