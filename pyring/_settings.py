@@ -271,6 +271,15 @@ def render_page(page: str) -> str:
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
-def write_page() -> None:
-    """Renews the tables of the configuration page in a source tree."""
-    PAGE.write_text(render_page(PAGE.read_text()))
+def write_page(page: Path | None = None) -> None:
+    """Renews the tables of the configuration page of a source tree: ``page``, else the
+    working folder's docs/configuration.md (run from a clone's root, where pyring loads from
+    the installed copy), else the one beside this package. Raises FileNotFoundError naming
+    where it looked."""
+    if page is None:
+        here = Path.cwd() / "docs" / "configuration.md"
+        page = here if here.exists() else PAGE
+    if not page.exists():
+        raise FileNotFoundError(f"no configuration page at {page}: run this from a clone's "
+                                f"root, or pass write_page(page=...)")
+    page.write_text(render_page(page.read_text()))
