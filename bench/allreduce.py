@@ -95,6 +95,7 @@ def _libs(args: argparse.Namespace) -> list[str]:
 def _drop(args: argparse.Namespace, lib: str, why: str) -> None:
     print(f"# {lib} skipped: {why}")
     args.libs = [x for x in args.libs if x != lib]
+    args.dropped = [*getattr(args, "dropped", []), f"{lib}: {why}"]
 
 
 def _check_peers(args: argparse.Namespace) -> None:
@@ -358,7 +359,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--world: at least 2 ranks, got {args.world}")
     _check_peers(args)
     if len(args.libs) < 2:
-        ap.error("nothing to compare pyring with: give --libs or --algos")
+        dropped = getattr(args, "dropped", [])
+        ap.error("nothing to compare pyring with: " + (
+            f"every other library was skipped ({'; '.join(dropped)})" if dropped
+            else "give --libs or --algos"))
     return args
 
 
