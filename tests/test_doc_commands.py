@@ -6,6 +6,7 @@ LOAD) are only listed."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,20 @@ def test_a_renamed_flag_or_script_is_caught():
     flag, gone, fine = r.stdout.strip().splitlines()[-3:]
     assert "unrecognized arguments: --no-such-flag" in flag, r.stdout + r.stderr[-2000:]
     assert "does not exist" in gone and fine == "None", r.stdout
+
+
+def test_no_documented_command_replaces_a_cited_result():
+    """A documented command leaves the tree clean: it writes under bench/results/runs/ (ignored
+    by git) or outside the clone, and replacing a cited file (--replace, --out into
+    bench/results/) is said in prose, never shown as the command to run."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import doc_commands
+
+    writes = re.compile(r"--replace\b|--(?:out|benchmark-json)[ =]\S*bench/results/(?!runs/)")
+    found = []
+    for page in doc_commands.pages():
+        for _, block in doc_commands.FENCE.findall(page.read_text()):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            found += [f"{page.name}: {line.strip()}" for line in joined.splitlines()
+                      if writes.search(line)]
+    assert not found, "\n".join(found)

@@ -17,7 +17,8 @@ is what the emulation adds to a step that overlaps its exchange with backward.
 
     python bench/probes/link_cpu.py [--rate 200mbit] [--rounds 8] [--tag NAME]
 
-Writes bench/results/link_cpu_<rate>_<tag>.json with the machine's description.
+Writes bench/results/link_cpu_<rate>_<tag>.json with --replace (else a file of its own under
+bench/results/runs/, bench/_results.py), with the machine's description.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+from _results import add_replace_flag, result_path  # noqa: E402
 
 
 def _usage() -> tuple[float, float, float]:
@@ -119,6 +121,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--bucket-mb", type=float, default=1.0)
     p.add_argument("--tag", default=socket.gethostname())
+    add_replace_flag(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -141,7 +144,7 @@ def main() -> None:
         print(f"{way:>7s} @ {args.rate}: wall {s['wall_s'] * 1e3:7.1f} ms  CPU per rank: user "
               f"{s['user_s'] * 1e3:6.1f} ms  system {s['sys_s'] * 1e3:6.1f} ms  "
               f"({ranks[0]['bytes_each_way'] / 1e6:.1f} MB each way)")
-    out = ROOT / "bench" / "results" / f"link_cpu_{args.rate}_{args.tag}.json"
+    out = result_path(f"link_cpu_{args.rate}_{args.tag}", None, args.replace)
     out.write_text(json.dumps({"machine": describe(), "command": " ".join(["python"] + sys.argv),
                                "link": link, "config": cfg, "summary": summary,
                                "per_rank": ranks}, indent=1))
