@@ -6,8 +6,10 @@ beyond the collectives themselves. Inputs are functions of (call number, rank) t
 rank can rebuild, so each rank computes its own expected result:
 - lossless calls (fp32 wire, every dtype) use small integers and must be exact;
 - fp16/bf16 wires must be within (world + 2) unit roundoffs of the exact sum of magnitudes;
-- the one-bit wire (fresh state, positive inputs) must give every rank the same finite
-  values, each between the smallest and the largest input magnitude.
+- every other wire of the codec registry (one-bit, int8; fresh state, positive inputs) must
+  give every rank the same finite values, each between the smallest and the largest input
+  magnitude, widened by BAND of the largest (one-bit: none; int8: two quantization steps;
+  a wire not listed there: 5%).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from typing import Any
 import torch
 
 import pyring
+from pyring.optim.compression import FEEDBACK_WIRES
+from pyring.optim.compression import WIRES as WIRE_NAMES
 
 ALGOS = ("auto", "ring", "direct", "tree")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.int8, torch.uint8)
 OPS = ("sum", "prod", "max", "min", "avg")
-WIRES = ("fp16", "bf16", "onebit")
+WIRES = WIRE_NAMES[1:]  # every compressed wire of the codec registry
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+BAND = {"onebit": 1e-6, "int8": 2 / 127}
 KINDS = ("all_reduce", "all_reduce", "all_reduce_async", "wire", "broadcast", "all_gather",
          "reduce_scatter", "reduce", "gather", "scatter", "all_to_all", "send_recv", "barrier")
 
@@ -95,23 +100,25 @@ class Mix:
     def _wire(self) -> int:
         rng, n = self.rng, max(1, _size(self.rng))
         wire, op, algo = rng.choice(WIRES), rng.choice(("sum", "avg")), rng.choice(ALGOS)
-        if wire == "onebit":
+        banded = wire not in UNIT_ROUNDOFF
+        if banded:
             op = "avg"
             xs = [1 + torch.rand(n, generator=torch.Generator().manual_seed(self.call * 31 + r))
                   for r in range(self.world)]
         else:
             xs = [x.to(torch.float32) for x in self._inputs(n, torch.float32)]
         t = xs[self.rank].clone()
-        state = pyring.OneBitState() if wire == "onebit" else None
+        state = pyring.OneBitState() if wire in FEEDBACK_WIRES else None
         self.comm.all_reduce(t, op=op, wire=wire, state=state, algo=algo)
         if not torch.isfinite(t).all():
             return n
-        if wire == "onebit":
+        if banded:
             same = torch.empty(self.world * n)
             self.comm.all_gather_into_tensor(same, t)
             lo = min(float(x.min()) for x in xs)
             hi = max(float(x.max()) for x in xs)
-            bad = int(((t < lo * (1 - 1e-6)) | (t > hi * (1 + 1e-6))).sum())
+            band = BAND.get(wire, 0.05) * hi
+            bad = int(((t < lo - band) | (t > hi + band)).sum())
             return bad + int((same.view(self.world, n) != t).any(1).sum())
         exact = _reduce(xs, op, torch.float64)
         scale = torch.stack([x.abs().to(torch.float64) for x in xs]).sum(0)

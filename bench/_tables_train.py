@@ -9,6 +9,8 @@ from typing import Any
 
 from _tables_fmt import DASH, mb, pct, rate_name, ratio, ratio3, sig, size, table
 
+from pyring.optim.compression import WIRES
+
 Docs = list[tuple[str, dict[str, Any]]]
 Opts = dict[str, str]
 
@@ -114,13 +116,13 @@ def convergence(docs: Docs, opts: Opts) -> list[str]:
     spread that received the fewest bytes."""
     (_, doc), = docs
     s = doc["summary"]
-    label = {"adamw_fp32": "AdamW, fp32 allreduce",
-             "adamw_bf16": 'AdamW, `compression="bf16"`',
-             "adamw_onebit": 'AdamW, `compression="onebit"`',
+    wires = [f"adamw_{w}" for w in WIRES]  # the codec registry's order
+    label = {**{k: f'AdamW, `compression="{k[6:]}"`' for k in wires[1:]},
+             "adamw_fp32": "AdamW, fp32 allreduce",
              "periodic": f"`PeriodicAveraging`, {doc['freeze']} synchronous steps, then every "
                          f"{doc['period']} (bf16)"}
     onebit = sorted((k for k in s if k.startswith("onebit_adam")), key=lambda k: _freeze(k, doc))
-    order = [k for k in ("adamw_fp32", "adamw_bf16", "adamw_onebit") if k in s]
+    order = [k for k in wires if k in s]
     order += onebit + [k for k in s if k not in order and k not in onebit]
     held = [k for k in onebit if s[k]["loss_within_baseline_spread"]]
     best = max(held, key=lambda k: s[k]["bytes_ratio_vs_baseline"]) if held else None

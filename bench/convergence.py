@@ -7,8 +7,8 @@ Tasks (``--task``, bench/_tasks.py): ``digits`` (scikit-learn's bundled load_dig
 and ``charlm`` (the main job's character-level transformer, shrunk).
 Methods, each from the same initial weights and batches per seed:
 - ``adamw_fp32``: AdamW under DistributedOptimizer, float32 allreduce (the baseline);
-- ``adamw_bf16``: the same with compression="bf16";
-- ``adamw_onebit``: the same with compression="onebit" (gradients, error feedback);
+- ``adamw_WIRE`` for every other wire of the codec registry (fp16, bf16, onebit, int8): the
+  same with compression=WIRE (onebit and int8 with error feedback);
 - ``onebit_adam``: pyring.optim.OneBitAdam (decoupled weight decay), frozen after
   ``--freeze`` steps (averaging gradients on ``--warmup-wire`` until then), and again with
   each of ``--freeze-sweep`` to show how far the byte ratio goes while the loss holds;
@@ -38,6 +38,8 @@ from _tasks import TASKS  # noqa: E402
 from machine import describe  # noqa: E402
 from torch import nn
 
+from pyring.optim.compression import STATELESS_WIRES, WIRES  # the codec registry
+
 EVAL_EVERY = 20
 
 
@@ -63,7 +65,8 @@ def _optimizer(method: str, model: nn.Module, comm, args) -> torch.optim.Optimiz
     if method == "periodic":
         return pyring.PeriodicAveraging(opt, period=args.period, warmup_steps=args.freeze,
                                         wire="bf16", comm=comm)
-    compression = {"adamw_fp32": "none", "adamw_bf16": "bf16", "adamw_onebit": "onebit"}[method]
+    wire = method.removeprefix("adamw_")
+    compression = "none" if wire == WIRES[0] else wire
     return pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        comm=comm, compression=compression)
 
@@ -135,7 +138,7 @@ def add_optimizer_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                     help="the learning rate over the run, the same for every method")
     ap.add_argument("--freeze", type=int, default=20)
-    ap.add_argument("--warmup-wire", choices=("fp32", "bf16"), default="fp32",
+    ap.add_argument("--warmup-wire", choices=STATELESS_WIRES, default="fp32",
                     help="the wire of OneBitAdam's gradients before the freeze")
     ap.add_argument("--denominator-floor", type=float, default=0.01,
                     help="OneBitAdam's floor on its frozen denominators (its default: 0.01)")
@@ -163,7 +166,7 @@ def main() -> None:
     add_replace_flag(ap)
     args = ap.parse_args()
     args.out = str(result_path("convergence_vm", args.out, args.replace))
-    methods = ["adamw_fp32", "adamw_bf16", "adamw_onebit", "onebit_adam", "periodic"]
+    methods = [f"adamw_{w}" for w in WIRES] + ["onebit_adam", "periodic"]
     methods += ["zero_one_adam"]
     methods += [f"onebit_adam_{f}" for f in args.freeze_sweep.split(",") if f]
     if args.methods:

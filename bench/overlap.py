@@ -14,7 +14,8 @@ exchange alone shows the two slowing each other down.
     python bench/overlap.py [--rate 100mbit] [--hooks onebit,bf16] [--rounds 5] [--tag NAME]
                             [--timeline]
 
-``--hooks`` takes onebit, bf16, fp16, fp32 and ``noop`` (a control: the bucket handed back
+``--hooks`` takes the wires of the codec registry (fp32: the plain allreduce hook; the others
+through ``pyring.hooks.compressed_hook``) and ``noop`` (a control: the bucket handed back
 unexchanged, so its step is backward plus DDP's own cost).
 
 ``--timeline`` records each step's hook calls and collectives (start and duration, ms from the
@@ -41,9 +42,10 @@ from pathlib import Path
 from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
+from pyring.optim.compression import WIRES
 from pyring.tools.timing import slowest_median
 
-HOOKS = ("onebit", "bf16", "fp16", "fp32", "noop")
+HOOKS = (*WIRES, "noop")  # every wire of the codec registry, and the control
 
 
 def _preemptions() -> int:
@@ -85,10 +87,10 @@ def _rank(cfg: dict) -> dict:
     x = torch.randint(0, 256, (cfg["batch"], cfg["seq"] + 1), generator=g)
     out: dict = {}
     for name in cfg["hooks"]:
-        state = hooks.OneBitHookState(comm) if name == "onebit" else comm
-        hook = {"onebit": hooks.onebit_hook, "bf16": hooks.bf16_compress_hook,
-                "fp16": hooks.fp16_compress_hook, "fp32": hooks.allreduce_hook,
-                "noop": _noop_hook}[name]
+        compressed = name in WIRES[1:]
+        state = hooks.CompressedHookState(comm, name) if compressed else comm
+        hook = (hooks.compressed_hook if compressed else
+                {WIRES[0]: hooks.allreduce_hook, "noop": _noop_hook}[name])
         sizes: list[int] = []
         called: list[float] = []
 
@@ -106,8 +108,7 @@ def _rank(cfg: dict) -> dict:
         model(x[:, :-1], x[:, 1:]).backward()
         bucket_sizes = list(sizes)
         bufs = [torch.randn(n, generator=g) for n in bucket_sizes]
-        ex = pyring.GradientExchange("onebit" if name == "onebit" else "none")
-        wire = {"bf16": "bf16", "fp16": "fp16"}.get(name)
+        ex = pyring.GradientExchange(name if compressed else "none")
         t = {"compute": [], "exchange": [], "step": []}
         cpu = {"compute": [], "exchange": [], "step": []}
         preempted = {"compute": [], "exchange": [], "step": []}
@@ -121,10 +122,7 @@ def _rank(cfg: dict) -> dict:
             comm.barrier()
             t2, c2, p2 = time.perf_counter(), time.process_time(), _preemptions()
             for k, b in enumerate(bufs if name != "noop" else []):
-                if wire:
-                    comm.all_reduce(b, op="avg", wire=wire)
-                else:
-                    ex.average(comm, b, k).wait()
+                ex.average(comm, b, k).wait()
             t3, c3, p3 = time.perf_counter(), time.process_time(), _preemptions()
             comm.barrier()
             called.clear()

@@ -5,7 +5,8 @@ buffer of float32, op avg, each call followed by nothing else (the time is the s
 
 ``--where shm``: both ranks on this host (shared memory). ``--where RATE`` (``1gbit``,
 ``10gbit``): two emulated hosts of one rank each, joined by a link shaped to RATE
-(pyring/tools/emulate.py; needs root). In every round each wire runs once, in a rotating order.
+(pyring/tools/emulate.py; needs root). In every round each wire of the codec registry
+(pyring.optim.compression.WIRES) runs once, in a rotating order.
 Targets (issue 26): on shm, onebit <= 1.5x the fp32 time; over 1 Gbit, onebit >= 12x and
 bf16 >= 1.8x faster than fp32. Writes bench/results/wire_speed_<where>_<tag>.json.
 """
@@ -24,9 +25,8 @@ from pathlib import Path
 from _results import add_replace_flag, result_path  # noqa: E402
 from machine import describe  # noqa: E402
 
+from pyring.optim.compression import FEEDBACK_WIRES, WIRES  # the codec registry
 from pyring.tools.timing import slowest_median
-
-WIRES = ("fp32", "fp16", "bf16", "onebit")
 
 
 def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
@@ -39,7 +39,7 @@ def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
     n = nbytes // 4
     base = torch.randn(n, generator=torch.Generator().manual_seed(rank))
     x = base.clone()
-    state = pyring.OneBitState()
+    states = {w: pyring.OneBitState() for w in FEEDBACK_WIRES}
     times = {w: [] for w in WIRES}
     for r in range(rounds + 1):  # round 0 warms up
         for k in range(len(WIRES)):
@@ -47,8 +47,7 @@ def _rank(rank: int, world: int, store, nbytes: int, rounds: int) -> dict:
             x.copy_(base)
             comm.barrier()
             t0 = time.perf_counter()
-            comm.all_reduce(x, op="avg", wire=wire,
-                            state=state if wire == "onebit" else None)
+            comm.all_reduce(x, op="avg", wire=wire, state=states.get(wire))
             if r:
                 times[wire].append(time.perf_counter() - t0)
     comm.close()

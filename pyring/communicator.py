@@ -129,11 +129,12 @@ class Communicator(PointToPoint):
                    out: Any = None, algo: str | None = None, wire: str = "fp32",
                    state: Any = None) -> Work | None:
         """Reduces ``tensor`` across ranks into ``out`` (default: in place). ``algo``
-        ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every
-        rank must pass the same. ``wire`` 'fp16', 'bf16' or 'onebit' (with ``state``, a
+        ('auto', 'ring', 'direct', 'tree') overrides the communicator's for this call; every rank
+        must pass the same. ``wire`` (a name of the codec registry, pyring.optim.compression.WIRES:
+        'fp16', 'bf16', 'onebit', 'int8'; those that keep error feedback with ``state``, a
         pyring.OneBitState per bucket) compresses what travels (pyring/optim/compression.py): op
-        'sum' or 'avg' of floating torch tensors, one collective like any other (async_op
-        applies); ``algo`` then lets the selector go hierarchical ('auto', 'tree') or keeps
+        'sum' or 'avg' of floating torch tensors, one collective like any other (async_op applies);
+        ``algo`` then lets the selector go hierarchical ('auto', 'tree') or keeps
         the flat schedule ('ring', 'direct')."""
         code = op_code(op, "all_reduce")
         self._algo_code(algo)  # refuses an unknown algo before any wire check

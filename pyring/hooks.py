@@ -12,7 +12,7 @@ from typing import Any
 
 from . import api
 from .communicator import Communicator
-from .optim.compression import GradientExchange, all_reduce_wire
+from .optim.compression import WIRES, GradientExchange, all_reduce_wire
 
 _init_lock = threading.Lock()
 
@@ -73,21 +73,47 @@ def bf16_compress_hook(state: Any, bucket):
 bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "pyring_bf16_compress_hook"
 
 
-class OneBitHookState:
-    """The state of :func:`onebit_hook`: the communicator (None: the default one, as for
-    :func:`allreduce_hook`) and a :class:`pyring.GradientExchange` holding each bucket's
-    one-bit residuals, keyed by the bucket's index and size (DDP rebuilds its buckets once,
+class CompressedHookState:
+    """The state of :func:`compressed_hook`: the communicator (None: the default one, as for
+    :func:`allreduce_hook`), the ``wire`` (any of ``pyring.optim.compression.WIRES`` but fp32)
+    and a :class:`pyring.GradientExchange` on it holding, for a wire with error feedback, each
+    bucket's residuals, keyed by the bucket's index and size (DDP rebuilds its buckets once,
     after the first iteration). ``state_dict()`` checkpoints them."""
 
-    def __init__(self, comm: Communicator | None = None) -> None:
+    def __init__(self, comm: Communicator | None = None, wire: str = "onebit") -> None:
+        if wire not in WIRES[1:]:
+            raise ValueError(f"pyring.hooks: wire={wire!r} is not a compressed wire "
+                             f"(valid: {', '.join(WIRES[1:])})")
         self.comm = comm
-        self.exchange = GradientExchange("onebit")
+        self.wire = wire
+        self.exchange = GradientExchange(wire)
 
     def state_dict(self) -> dict:
         return self.exchange.state_dict()
 
     def load_state_dict(self, sd: dict) -> None:
         self.exchange.load_state_dict(sd)
+
+
+def compressed_hook(state: CompressedHookState, bucket):
+    """DDP comm hook: averages the bucket on ``state.wire`` (pyring/optim/compression.py), with
+    error feedback where the wire keeps it. ``state`` is a :class:`CompressedHookState`, one
+    per DDP model. Queues one collective and returns at once a future whose value is the
+    averaged bucket."""
+    if not isinstance(state, CompressedHookState):
+        raise TypeError(f"pyring.hooks.compressed_hook: state must be a "
+                        f"pyring.hooks.CompressedHookState, got {type(state).__name__}")
+    comm = _communicator(state.comm)
+    buf = bucket.buffer()
+    # DDP rebuilds its buckets after the first iteration: a bucket is its index and size.
+    return state.exchange.average(comm, buf, (bucket.index(), buf.numel())).get_future()
+
+
+class OneBitHookState(CompressedHookState):
+    """The state of :func:`onebit_hook`: :class:`CompressedHookState` on the one-bit wire."""
+
+    def __init__(self, comm: Communicator | None = None) -> None:
+        super().__init__(comm, "onebit")
 
 
 def onebit_hook(state: OneBitHookState, bucket):
@@ -98,7 +124,4 @@ def onebit_hook(state: OneBitHookState, bucket):
     if not isinstance(state, OneBitHookState):
         raise TypeError(f"pyring.hooks.onebit_hook: state must be a "
                         f"pyring.hooks.OneBitHookState, got {type(state).__name__}")
-    comm = _communicator(state.comm)
-    buf = bucket.buffer()
-    # DDP rebuilds its buckets after the first iteration: a bucket is its index and size.
-    return state.exchange.average(comm, buf, (bucket.index(), buf.numel())).get_future()
+    return compressed_hook(state, bucket)

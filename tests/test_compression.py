@@ -57,7 +57,7 @@ def _wires(rank, world, store):
     for call in (lambda: comm.all_reduce(torch.ones(4), op="max", wire="bf16"),
                  lambda: comm.all_reduce(torch.ones(4, dtype=torch.int32), wire="bf16"),
                  lambda: comm.all_reduce(torch.ones(4), wire="onebit"),
-                 lambda: comm.all_reduce(torch.ones(4), wire="int8"),
+                 lambda: comm.all_reduce(torch.ones(4), wire="int4"),
                  lambda: comm.all_reduce(torch.ones(4), wire="onebit", state=state)):
         with pytest.raises(ValueError) as e:
             call()
@@ -91,7 +91,7 @@ def test_wires():
         assert out["strided"]
         assert len(errors) == 5
         assert "op sum or avg, got max" in errors[0] and "floating" in errors[1]
-        assert "OneBitState" in errors[2] and "int8" in errors[3]
+        assert "OneBitState" in errors[2] and "int4" in errors[3] and "onebit" in errors[3]
         assert "one state per bucket" in errors[4]
 
 
@@ -165,9 +165,9 @@ def _distributed_optimizer(rank, world, store):
         out[str(compression)] = [p.detach().numpy().copy() for p in model.parameters()]
         if compression == "onebit":
             out["states"] = sorted(opt.exchange.states)
-    with pytest.raises(ValueError, match="compression='int8' is not valid"):
+    with pytest.raises(ValueError, match="compression='int4' is not valid"):
         pyring.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1),
-                                    comm=comm, compression="int8")
+                                    comm=comm, compression="int4")
     comm.close()
     return out
 

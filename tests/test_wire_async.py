@@ -126,7 +126,7 @@ def test_device_buffers_take_the_same_collective():
 
 def _segments(rank, world, store):
     comm = pyring.init(rank=rank, world_size=world, store=store, set_default=False)
-    n = world * 1_200_001  # chunks of two segments (compressed_half.h), the last one short
+    n = world * 1_200_001  # chunks of two segments (codec_flat.h), the last one short
     base = torch.arange(n) % 7
     out = {}
     for wire in ("bf16", "fp16"):
@@ -162,11 +162,11 @@ def test_half_wires_over_the_network_are_pipelined_finely_and_exact():
     shm = 4.9e9
     tcp = 1e9
     # A 1 MiB DDP bucket at 2 ranks: one segment per chunk over shared memory, 5 over tcp.
-    assert _C._half_segments(131_584, shm) == 1
-    assert _C._half_segments(131_584, tcp) == 5
-    assert _C._half_segments(3 << 20, shm) == 3
-    assert _C._half_segments(3 << 20, tcp) == 16  # capped
-    assert _C._half_segments(1, tcp) == 1 and _C._half_segments(0, tcp) == 1
+    assert _C._codec_segments(131_584, shm) == 1
+    assert _C._codec_segments(131_584, tcp) == 5
+    assert _C._codec_segments(3 << 20, shm) == 3
+    assert _C._codec_segments(3 << 20, tcp) == 16  # capped
+    assert _C._codec_segments(1, tcp) == 1 and _C._codec_segments(0, tcp) == 1
     for got in run_ranks(3, _segments_tcp, env={"PYRING_TRANSPORT": "tcp"}, timeout=300):
         assert set(got.values()) == {0}, got
 

@@ -12,7 +12,7 @@ import torch
 
 import pyring
 from pyring.launch import run_ranks
-from pyring.optim.compression import all_reduce_wire
+from pyring.optim.compression import FEEDBACK_WIRES, all_reduce_wire
 
 _DELAY = {"PYRING_SIM_DELAY_US": "100"}
 
@@ -44,7 +44,7 @@ def _on_both(rank, world, store, n, wires, ops, dtype, steps, tail, topology=Non
     out = {}
     for wire in wires:
         for op in ops:
-            states = (pyring.OneBitState(), pyring.OneBitState()) if wire == "onebit" else (
+            states = (pyring.OneBitState(), pyring.OneBitState()) if wire in FEEDBACK_WIRES else (
                 None, None)
             worst, same = 0.0, True
             for step in range(steps):
@@ -67,10 +67,11 @@ def _on_both(rank, world, store, n, wires, ops, dtype, steps, tail, topology=Non
                     assert torch.equal(got[n - tail:], host[n - tail:]), (wire, op, "tail")
                     assert torch.allclose(got[n - tail:].double(), want, atol=1e-5), (wire, op)
             state_same = None
-            if wire == "onebit":
+            if wire in FEEDBACK_WIRES:
                 a, b = states[0].state_dict(), states[1].state_dict()
+                close = _onebit_close if wire == "onebit" else torch.equal
                 # Members of a group below its leader hold no state (both None).
-                state_same = all(a[k] is b[k] is None or _onebit_close(a[k], b[k]) for k in a)
+                state_same = all(a[k] is b[k] is None or close(a[k], b[k]) for k in a)
             out[f"{wire}/{op}"] = (worst, same, state_same)
     stats = comm.stats()
     comm.close()

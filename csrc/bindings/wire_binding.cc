@@ -5,8 +5,8 @@
 
 #include "bindings/bindings.h"
 #include "bindings/device_call.h"
+#include "collectives/codec_flat.h"
 #include "collectives/compressed.h"
-#include "collectives/compressed_half.h"
 #include "core/errors.h"
 
 namespace pyring::bindings {
@@ -26,11 +26,20 @@ std::vector<T> from_array(const py::array_t<T, py::array::c_style | py::array::f
 }  // namespace
 
 void register_wire(CommunicatorClass& cls, py::module_& m) {
-  py::list names;
-  for (int w = 0; w < kNumWires; ++w) names.append(wire_name(static_cast<Wire>(w)));
-  m.attr("WIRE_NAMES") = py::tuple(names);
-  m.def("_half_segments", &half_segments, py::arg("widest"), py::arg("slowest_bytes_per_s"),
-        "Segments per chunk of the fp16/bf16 wires (collectives/compressed_half.h).");
+  py::list names, feedback;
+  for (const Codec* c : codecs()) {
+    names.append(c->name());
+    if (c->error_feedback()) feedback.append(c->name());
+  }
+  m.attr("WIRE_NAMES") = py::tuple(names);         // indexed by the wire's code
+  m.attr("FEEDBACK_WIRES") = py::tuple(feedback);  // those that need a state
+  m.def(
+      "_wire_encoded_bytes",
+      [](const std::string& wire, size_t n) { return codec_of(wire_named(wire)).encoded_bytes(n); },
+      py::arg("wire"), py::arg("n"),
+      "Bytes of the wire's encoding of n values (the most: onebit).");
+  m.def("_codec_segments", &codec_segments, py::arg("widest"), py::arg("slowest_bytes_per_s"),
+        "Segments per chunk of the generic codec schedule (collectives/codec_flat.h).");
   py::class_<WireState, std::shared_ptr<WireState>>(m, "WireState")
       .def(py::init<>())
       .def_property_readonly("empty",
@@ -43,8 +52,9 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
               s.to_host();
             }
             const py::tuple shape =
-                s.bound_n() ? py::make_tuple(s.bound_n(), s.bound_participants(), s.bound_index())
-                            : py::tuple();
+                s.bound_n() && !s.pending.empty()
+                    ? py::make_tuple(s.bound_n(), s.bound_participants(), s.bound_index())
+                    : py::tuple();
             return py::make_tuple(to_array(s.worker), to_array(s.server), to_array(s.masks),
                                   to_array(s.pending), shape);
           },

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <memory>
 
+#include "collectives/codec_flat.h"
 #include "collectives/collectives.h"
-#include "collectives/compressed_half.h"
 #include "collectives/driver.h"
 #include "collectives/exchange.h"
 #include "collectives/header.h"
@@ -161,10 +161,11 @@ void onebit_flat(Communicator& comm, WireCodec& codec, float* x, size_t n,
 // The schedule of compressed.h over `parts` (this rank is parts[me]), on x in place.
 void flat(Communicator& comm, WireCodec& codec, float* x, size_t n, const std::vector<int>& parts,
           int me, Wire wire, int divisor, WireState* state, Deadline deadline) {
-  if (wire == Wire::kOnebit) {
+  const Codec& c = codec_of(wire);
+  if (c.schedule() == Schedule::kOnebit) {
     return onebit_flat(comm, codec, x, n, parts, me, divisor, state, deadline);
   }
-  half_flat(comm, codec, x, n, parts, me, wire, divisor, deadline);
+  codec_flat(comm, codec, x, n, parts, me, c, divisor, state, deadline);
 }
 
 // Full precision inside this rank's group, the schedule between the groups' leaders.
@@ -230,22 +231,30 @@ void check_compressed(const Communicator& comm, const BufferView& x, size_t exac
                    dtype_name(dt));
   PYRING_CHECK_ARG(exact_tail <= x.count, "all_reduce: exact_tail ", exact_tail, " exceeds the ",
                    x.count, " elements");
-  if (wire != Wire::kOnebit) return;
-  PYRING_CHECK_ARG(state != nullptr, "all_reduce: wire onebit needs a state");
+  const Codec& c = codec_of(wire);
+  if (!c.error_feedback()) return;
+  PYRING_CHECK_ARG(state != nullptr, "all_reduce: wire ", c.name(),
+                   " keeps error feedback and needs a state");
   if (comm.size() == 1) return;
   const std::vector<std::vector<int>> groups = compressed_groups(comm, algo);
-  if (groups.empty()) return state->bind(x.count - exact_tail, comm.size(), comm.rank());
+  auto bind = [&](int participants, int index) {
+    const size_t n = x.count - exact_tail;
+    if (c.schedule() == Schedule::kOnebit) return state->bind(n, participants, index);
+    state->bind_codec(c.name(), n, participants, index);
+  };
+  if (groups.empty()) return bind(comm.size(), comm.rank());
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].front() == comm.rank()) {
-      return state->bind(x.count - exact_tail, static_cast<int>(groups.size()),
-                         static_cast<int>(g));
+      return bind(static_cast<int>(groups.size()), static_cast<int>(g));
     }
   }
 }
 
 void compressed_allreduce(Communicator& comm, const BufferView& x, size_t exact_tail, Wire wire,
                           ReduceOp op, WireState* state, Algo algo, Deadline deadline) {
-  if (wire == Wire::kFp32) return allreduce(comm, x, x, op, algo, deadline);
+  if (codec_of(wire).schedule() == Schedule::kExact) {
+    return allreduce(comm, x, x, op, algo, deadline);
+  }
   const DType dt = x.dtype;
   const size_t head = x.count - exact_tail;
   if (comm.size() == 1) return;  // sum and avg over one rank

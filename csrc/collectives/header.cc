@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "codecs/codec.h"
 #include "core/errors.h"
 
 namespace pyring {

@@ -1,5 +1,6 @@
 #include "collectives/placement.h"
 
+#include "codecs/codec.h"
 #include "core/errors.h"
 
 namespace pyring {
@@ -31,7 +32,11 @@ Plan decide(const Communicator& comm, const CallDesc& call) {
                       ": point-to-point and personalised collectives stage device buffers "
                       "through pinned host memory")};
     case CallKind::kWireAllReduce:
-      if (call.wire != Wire::kFp32) {
+      if (codec_of(call.wire).schedule() != Schedule::kExact) {
+        if (!codec_of(call.wire).device_kernels()) {
+          return {Placement::kStaged,
+                  str_cat(dev, ": the ", wire_name(call.wire), " codec has host kernels only")};
+        }
         if (call.dtype == DType::kFloat64) {
           return {Placement::kStaged, str_cat(dev, ": float64 has no device cast to the ",
                                               wire_name(call.wire), " wire")};

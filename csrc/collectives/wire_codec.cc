@@ -1,21 +1,13 @@
 #include "collectives/wire_codec.h"
 
+#include <algorithm>
 #include <cstring>
 
-#include "collectives/compressed_half.h"
 #include "core/errors.h"
 #include "core/scratch_arena.h"
 #include "device/runtime.h"
 
 namespace pyring {
-
-namespace {
-
-DType wire_dtype(Wire w) {
-  return w == Wire::kFp16 ? DType::kFloat16 : DType::kBFloat16;
-}
-
-}  // namespace
 
 WireCodec::WireCodec(ScratchArena& host) : host_(&host) {}
 
@@ -135,35 +127,49 @@ size_t WireCodec::onebit_reduce_encode(const float* own, int divisor, uint8_t* c
   return onebit_encode(scratch, residual, pending, n, out, cache);
 }
 
-void WireCodec::half_encode(Wire w, const float* in, size_t n, uint8_t* out) {
-  if (!queue_) {
-    pyring::half_encode(w, in, n, out);
-    return;
-  }
-  kern::cast(site_, DType::kFloat32, wire_dtype(w), in, mirror(out), n);
-  download(out, mirror(out), 2 * n);
+void WireCodec::encode(const Codec& c, const float* in, uint16_t* residual, size_t n,
+                       uint8_t* out) {
+  if (!queue_) return c.encode(site_, in, residual, n, out);
+  c.encode(site_, in, residual, n, mirror(out));
+  download(out, mirror(out), c.encoded_bytes(n));
 }
 
-void WireCodec::half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies,
-                         size_t count, size_t n, float* out) {
-  if (!queue_) return pyring::half_sum(w, own, divisor, copies, count, n, out);
+void WireCodec::sum(const Codec& c, const float* own, int divisor, const uint8_t* const* copies,
+                    size_t count, size_t n, float* out) {
+  const float div = static_cast<float>(divisor);
+  if (!queue_) {
+    // Block by block, so that the running sum stays in cache: a multiple of the codec's block,
+    // where its encodings may be cut.
+    const size_t block = (2048 + c.block() - 1) / c.block() * c.block();
+    for (size_t b = 0; b < n; b += block) {
+      const size_t len = std::min(block, n - b);
+      float* s = out + b;
+      std::memcpy(s, own + b, len * sizeof(float));
+      for (size_t k = 0; k < count; ++k) {
+        c.decode(site_, copies[k] + c.encoded_bytes(b), len, true, s);
+      }
+      if (divisor != 1) {
+        for (size_t i = 0; i < len; ++i) s[i] = s[i] / div;
+      }
+    }
+    return;
+  }
   kern::copy(site_, out, own, n * sizeof(float));
-  const DType dt = wire_dtype(w);
   for (size_t k = 0; k < count; ++k) {
     uint8_t* src = mirror(copies[k]);
-    upload(src, copies[k], 2 * n);
-    kern::accumulate(site_, dt, ReduceOp::kSum, src, out, out, n);
+    upload(src, copies[k], c.encoded_bytes(n));
+    c.decode(site_, src, n, true, out);
   }
   if (divisor > 1) {
     kern::finish_wide(site_, DType::kFloat32, ReduceOp::kAvg, out, out, n, divisor);
   }
 }
 
-void WireCodec::half_decode(Wire w, const uint8_t* enc, size_t n, float* out, bool local) {
-  if (!queue_) return pyring::half_decode(w, enc, n, out);
+void WireCodec::decode(const Codec& c, const uint8_t* enc, size_t n, float* out, bool local) {
+  if (!queue_) return c.decode(site_, enc, n, false, out);
   uint8_t* src = mirror(enc);
-  if (!local) upload(src, enc, 2 * n);
-  kern::cast(site_, wire_dtype(w), DType::kFloat32, src, out, n);
+  if (!local) upload(src, enc, c.encoded_bytes(n));
+  c.decode(site_, src, n, false, out);
 }
 
 void WireCodec::add(float* x, const float* part, size_t n) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "codecs/codec.h"
 #include "collectives/compressed.h"
 #include "core/device_queue.h"
 #include "kernels/dispatch.h"
@@ -64,15 +65,18 @@ class WireCodec {
                               uint8_t* const* caches, size_t count, size_t n, uint16_t* residual,
                               float* pending, uint8_t* out, uint8_t* cache, float* scratch);
 
-  // out = the 16-bit wire encoding of in[0, n) (2n bytes), ready to send on return.
-  void half_encode(Wire w, const float* in, size_t n, uint8_t* out);
-  // out (n values at the site) = compressed_half.h's half_sum of own (n values at the site, this
-  // rank's segment, exact) and the `count` received copies, divided by divisor (1: sum; the
-  // world size: avg).
-  void half_sum(Wire w, const float* own, int divisor, const uint8_t* const* copies, size_t count,
-                size_t n, float* out);
-  // out = decode(enc).
-  void half_decode(Wire w, const uint8_t* enc, size_t n, float* out, bool local);
+  // The generic schedule's steps (collectives/codec_flat.h) with `c`'s kernels at the site.
+  // out (wire memory) = c's encoding of in[0, n) (+ residual at the site, null: none, as
+  // codecs/codec.h says), ready to send on return.
+  void encode(const Codec& c, const float* in, uint16_t* residual, size_t n, uint8_t* out);
+  // out (n values at the site) = (own[i] + decode(copies[0])[i] + ... + decode(copies[count -
+  // 1])[i]) / divisor in float32, added in that order (divisor 1: no division); own is this
+  // rank's segment, exact; copies were received into wire memory.
+  void sum(const Codec& c, const float* own, int divisor, const uint8_t* const* copies,
+           size_t count, size_t n, float* out);
+  // out = decode(enc) of wire memory received into (local false), or written there by this
+  // codec's encode (local true).
+  void decode(const Codec& c, const uint8_t* enc, size_t n, float* out, bool local);
 
   // host[0, bytes) = x[0, bytes) on return (x at the site, host: the wire memory).
   void download(void* host, const void* x, size_t bytes);

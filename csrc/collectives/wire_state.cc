@@ -130,7 +130,36 @@ void WireState::restore(size_t n, int participants, int index) {
   index_ = index;
 }
 
+namespace {
+
+void check_wire(std::string& bound, const char* wire) {
+  PYRING_CHECK_ARG(bound.empty() || bound == wire, "OneBitState holds the error feedback of wire ",
+                   bound, "; this call is on wire ", wire, ": use one state per bucket and wire");
+  bound = wire;
+}
+
+}  // namespace
+
+void WireState::bind_codec(const char* wire, size_t n, int participants, int index) {
+  check_wire(wire_, wire);
+  const size_t own = Chunks{n, static_cast<size_t>(participants)}.size(static_cast<size_t>(index));
+  if (worker.empty() && server.empty() && masks.empty()) {
+    worker.assign(n, 0);
+    server.assign(own, 0);
+    pending.clear();
+  }
+  PYRING_CHECK_ARG(worker.size() == n && server.size() == own && masks.empty() && pending.empty(),
+                   "OneBitState holds residuals for ", worker.size(), " elements (server chunk ",
+                   server.size(), masks.empty() ? "" : ", and onebit's mask caches",
+                   "); this tensor has ", n, " on ", participants, " participants (chunk ", own,
+                   ") on wire ", wire, ": use one state per bucket and wire");
+  n_ = n;
+  participants_ = participants;
+  index_ = index;
+}
+
 void WireState::bind(size_t n, int participants, int index) {
+  check_wire(wire_, "onebit");
   const size_t own = Chunks{n, static_cast<size_t>(participants)}.size(static_cast<size_t>(index));
   const size_t masks_n = mask_bytes(n, participants, index);
   const size_t P = static_cast<size_t>(participants);

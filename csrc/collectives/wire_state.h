@@ -1,10 +1,12 @@
-// The onebit wire's error feedback (compressed.h): the state object the collective updates
+// The error feedback of the wires that keep it (compressed.h; onebit and the codecs of
+// codecs/codec.h): the state object the collective updates
 // and Python holds and checkpoints, and the segment layout both sides of it share.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device_queue.h"
@@ -58,6 +60,10 @@ struct WireState {
   // Allocates zeroed state for the shape, or checks the held one (restored from a checkpoint)
   // matches it. Throws InvalidArgument naming both shapes.
   void bind(size_t n, int participants, int index);
+  // As bind, for a codec of the generic schedule with error feedback (codecs/codec.h): worker
+  // residuals for the n values and server residuals for the owned chunk, no mask caches, no
+  // deferred scales. A state serves one wire: one bound to another is refused, naming both.
+  void bind_codec(const char* wire, size_t n, int participants, int index);
   // The shape that restored vectors (with their deferred scales) were saved in; 0: none (the
   // residuals are settled, pending empty). Throws InvalidArgument when they do not fit it.
   void restore(size_t n, int participants, int index);
@@ -78,6 +84,7 @@ struct WireState {
   uint16_t* device_ = nullptr;          // worker, then server, in the queue's device memory
   size_t n_ = 0;                        // the bound shape; 0: none yet (new or restored)
   int participants_ = 0, index_ = 0;
+  std::string wire_;  // the wire it was bound to; empty: new or restored
 };
 
 }  // namespace pyring

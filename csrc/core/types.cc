@@ -48,20 +48,6 @@ const char* dtype_name(DType t) {
   return "unknown";
 }
 
-namespace {
-constexpr const char* kWireNames[kNumWires] = {"fp32", "fp16", "bf16", "onebit"};
-}  // namespace
-
-const char* wire_name(Wire w) {
-  const int i = static_cast<int>(w);
-  return i >= 0 && i < kNumWires ? kWireNames[i] : "an unknown wire";
-}
-
-Wire wire_from_int(int v) {
-  PYRING_CHECK_ARG(v >= 0 && v < kNumWires, "wire code ", v, " out of range [0, ", kNumWires, ")");
-  return static_cast<Wire>(v);
-}
-
 const char* op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:

@@ -52,11 +52,9 @@ const char* op_name(ReduceOp op);
 DType dtype_from_int(int v);  // throws InvalidArgument naming the valid range
 ReduceOp op_from_int(int v);  // throws InvalidArgument naming the valid range
 
-// What a compressed all_reduce carries on the wire (collectives/compressed.h).
-enum class Wire : int { kFp32 = 0, kFp16 = 1, kBf16 = 2, kOnebit = 3 };
-constexpr int kNumWires = 4;
-const char* wire_name(Wire w);  // "fp32", ..., or "an unknown wire"
-Wire wire_from_int(int v);      // throws InvalidArgument naming the valid wires
+// What a compressed all_reduce carries on the wire (collectives/compressed.h): a codec's index
+// in codecs/registry.cc, which names them (codecs/codec.h); 0 is float32 as it is.
+enum class Wire : int { kFp32 = 0 };
 
 // The type partial results travel in during reduce-scatter: float16 and bfloat16 are
 // accumulated in float32 and rounded once by the chunk's owner.

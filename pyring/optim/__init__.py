@@ -280,11 +280,12 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     only after ``synchronize()`` (or ``step()``), and clone one to keep it past the next
     exchange. False: the averages are copied into the ``.grad`` tensors autograd made.
 
-    ``compression`` ("none", "fp16", "bf16" or "onebit") is the wire the gradients travel on:
-    a :class:`pyring.GradientExchange`, the strategy the DDP hooks share. "none" is the
-    ordinary allreduce, overlapping backward; the others exchange each bucket as it fills, on
-    the compressed schedule of pyring/optim/compression.py (one-bit with error-feedback residuals
-    per bucket, in ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
+    ``compression`` ("none", or a compressed wire of ``pyring.optim.compression.WIRES``: fp16,
+    bf16, onebit, int8) is the wire the gradients travel on: a :class:`pyring.GradientExchange`,
+    the strategy the DDP hooks share. "none" is the ordinary allreduce, overlapping backward; the
+    others exchange each bucket as it fills, on the compressed schedule of
+    pyring/optim/compression.py (onebit and int8 with error-feedback residuals per bucket, in
+    ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
     The per-parameter flags always travel exactly.
 
     Added methods:

@@ -1,4 +1,5 @@
-"""Compressed allreduce: the fp16, bf16 and one-bit wires, with error feedback for one-bit.
+"""Compressed allreduce: the wires of the core's codec registry (``WIRES``: fp16, bf16,
+one-bit, int8), with error feedback for those that keep it (``FEEDBACK_WIRES``).
 
     state = pyring.OneBitState()                  # one per bucket, owned by the caller
     comm.all_reduce(grad, op="avg", wire="onebit", state=state)
@@ -9,11 +10,12 @@ communicator's progress thread like any other, so an async call returns at once 
 hooks overlap it with backward. The schedule, for every wire but fp32 (the ordinary
 allreduce), on N ranks:
 
-1. each rank compresses its tensor chunk by chunk (chunk j is owned by rank j); one-bit adds
-   the state's *worker* residual first and keeps what compression dropped in it;
+1. each rank compresses its tensor chunk by chunk (chunk j is owned by rank j); a wire with
+   error feedback adds the state's *worker* residual first and keeps what compression dropped
+   in it;
 2. every compressed chunk goes to its owner;
 3. the owner decompresses the N copies of its chunk and adds them in float32 (sum or avg);
-4. it compresses the result again (one-bit with the state's *server* residual);
+4. it compresses the result again (with error feedback: the state's *server* residual);
 5. every rank gets every compressed chunk, which it decompresses.
 
 Every rank therefore ends with the same values. fp16 and bf16 round twice (steps 1 and 4) and
@@ -21,7 +23,10 @@ add in float32 once, on the owner; each byte of a float32 tensor crosses the wir
 one. One-bit sends, per chunk, a 16-byte header and one sign bit per element, plus a zero mask
 only in chunks that hold an exact zero: an element that is zero on every rank, with zero
 residuals, decodes to exactly zero, so frozen or padded parameters need no user-made mask
-(csrc/kernels/onebit.h). On a topology of several hosts with several ranks on some, the
+(csrc/kernels/onebit.h). int8 sends, per block of 256 values, a float32 scale (the block's
+largest magnitude / 127) and one signed byte per value (csrc/codecs/int8/): about a quarter of
+float32's bytes; its kernels run on the host, so a device tensor is staged through pinned host
+memory. On a topology of several hosts with several ranks on some, the
 selector makes it hierarchical: each host adds in full precision first and only its leader's
 compressed chunks cross hosts. Only op "sum" and "avg" of floating tensors are accepted. A
 world of one rank leaves the tensor unchanged.
@@ -33,7 +38,10 @@ from typing import Any
 
 from .. import _C
 
-WIRES: tuple[str, ...] = tuple(_C.WIRE_NAMES)
+WIRES: tuple[str, ...] = tuple(_C.WIRE_NAMES)  # the core's codec registry, in code order
+FEEDBACK_WIRES: tuple[str, ...] = tuple(_C.FEEDBACK_WIRES)  # those that need a state
+# The wires without error feedback: they need no state.
+STATELESS_WIRES: tuple[str, ...] = tuple(w for w in WIRES if w not in FEEDBACK_WIRES)
 
 
 def check_wire(wire: Any, where: str) -> str:
@@ -43,13 +51,14 @@ def check_wire(wire: Any, where: str) -> str:
 
 
 class OneBitState:
-    """The error-feedback state of one bucket on the one-bit wire, which the core updates on
-    every call: ``worker`` (what this rank's compression of its whole tensor dropped),
-    ``server`` (what compressing the average of the chunk it owns dropped), and ``masks``, the
-    zero-mask caches of the streams this rank encodes and decodes. All start at zero on first
-    use; a state serves one tensor size on one world, and refuses any other. Every rank must
-    save and restore its state together, while no exchange on it is in flight: a mask cache
-    restored from another step is refused on the next call.
+    """The error-feedback state of one bucket on one wire of ``FEEDBACK_WIRES`` (one-bit,
+    int8), which the core updates on every call: ``worker`` (what this rank's compression of its
+    whole tensor dropped), ``server`` (what compressing the average of the chunk it owns dropped),
+    and ``masks``, the zero-mask caches of the streams this rank encodes and decodes. All start at
+    zero on first use; a state serves one tensor size on one world, and refuses any other. Every
+    rank must save and restore its state together, while no exchange on it is in flight: a mask
+    cache restored from another step is refused on the next call. A state serves one wire: a call on
+    another is refused.
 
     The core keeps the residuals in bfloat16, deferred (``csrc/kernels/onebit.h``): each
     segment holds the value it last encoded and that encoding's scale. ``worker`` and
@@ -122,9 +131,9 @@ def check_wire_call(tensor: Any, wire: str, state: Any, out: Any = None) -> None
     import torch
 
     check_wire(wire, "all_reduce")
-    if wire == "onebit" and not isinstance(state, OneBitState):
-        raise ValueError("all_reduce: wire='onebit' needs state=pyring.OneBitState() (one per "
-                         "bucket, kept across calls)")
+    if wire in FEEDBACK_WIRES and not isinstance(state, OneBitState):
+        raise ValueError(f"all_reduce: wire={wire!r} keeps error feedback and needs "
+                         f"state=pyring.OneBitState() (one per bucket, kept across calls)")
     if out is not None and not (isinstance(out, torch.Tensor) and isinstance(tensor, torch.Tensor)):
         raise TypeError(f"all_reduce: out on wire={wire!r} takes torch tensors, got "
                         f"{type(tensor).__name__} and {type(out).__name__}")
@@ -134,10 +143,10 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
                     state: OneBitState | None = None, algo: str | None = None,
                     async_op: bool = False, exact_tail: int = 0) -> Any:
     """Reduces ``tensor`` in place across ``comm``'s ranks on ``wire`` (see the module): one
-    call into the core. Returns the tensor, or with ``async_op`` a Work whose future's value
-    is the tensor. ``state`` is required for (and only used by) the one-bit wire. ``algo``
-    'auto' (None) or 'tree' lets the selector go hierarchical; 'ring' and 'direct' keep the
-    flat schedule. The last ``exact_tail`` elements (flags, counts) travel in full precision,
+    call into the core. Returns the tensor, or with ``async_op`` a Work whose future's value is the
+    tensor. ``state`` is required for (and only used by) the wires of ``FEEDBACK_WIRES``. ``algo``
+    'auto' (None) or 'tree' lets the selector go hierarchical; 'ring' and 'direct' keep the flat
+    schedule. The last ``exact_tail`` elements (flags, counts) travel in full precision,
     in the same collective."""
     check_wire_call(tensor, wire, state)
     work = comm._all_reduce_wire(tensor, op, wire, state, exact_tail, async_op, algo)
@@ -158,8 +167,9 @@ class GradientExchange:
     """How buckets of gradients are averaged: the strategy that
     ``DistributedOptimizer(compression=...)`` and the DDP hooks share.
 
-    ``compression`` "none" is the ordinary allreduce; "fp16", "bf16" and "onebit" run
-    :func:`all_reduce_wire`, with one :class:`OneBitState` per bucket key, kept here. Both are
+    ``compression`` "none" is the ordinary allreduce; every other wire of ``WIRES`` runs
+    :func:`all_reduce_wire`, those of ``FEEDBACK_WIRES`` with one :class:`OneBitState` per
+    bucket key, kept here. Both are
     asynchronous: one collective per bucket, queued on the progress thread.
     """
 
@@ -176,7 +186,8 @@ class GradientExchange:
         ``exact_tail`` elements (flags, counts) always travel exactly, in full precision."""
         if self.compression == "none":
             return comm.all_reduce(buf, op="avg", async_op=True)
-        state = self.states.setdefault(key, OneBitState()) if self.wire == "onebit" else None
+        state = (self.states.setdefault(key, OneBitState()) if self.wire in FEEDBACK_WIRES
+                 else None)
         return all_reduce_wire(comm, buf, "avg", self.wire, state, async_op=True,
                                exact_tail=exact_tail)
 

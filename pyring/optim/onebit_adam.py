@@ -7,21 +7,20 @@
         opt.step()                         # exchanges, then updates every parameter
 
 Until ``freeze_step`` steps have run, each step averages the gradients across ranks on
-``warmup_wire`` ("fp32" or "bf16") and runs Adam. From then on the second moment ``v`` stays
-frozen, each rank folds its own gradient into the momentum ``m``, and the ranks average ``m``
-on the one-bit wire with error feedback (pyring/optim/compression.py), divided by Adam's frozen
-denominator while it travels (the same on every rank, so the average is unchanged, and the
-one-bit scale then matches the update rather than the raw momentum): the update is
-``lr * m_hat / (sqrt(v_hat) + eps)`` with the bias corrections of Adam (``v_hat``'s frozen
-with ``v``). Weight decay is Adam's L2 term, or AdamW's decoupled decay with
-``decoupled_weight_decay=True``. Once frozen, the denominator ``sqrt(v_hat)`` of each
-parameter group is floored at ``denominator_floor`` times its root mean square: an element
-whose variance froze small (a noisy estimate from a short warm-up, or zero: no gradient
-arrived) would otherwise take outsized steps for the rest of the run, up to ``lr * m / eps``
-(DeepSpeed asks for a hand-made mask there). It is a hyperparameter of the task: the shrunk
-char-level LM holds the baseline's loss at the default 0.01 and not at 0.1; the digits MLP
-(whose first layer sees pixels that are nearly always blank) at 0.1 and not at 0.01
-(bench/convergence.py, README).
+``warmup_wire`` (one of ``STATELESS_WIRES``: fp32, fp16, bf16) and runs Adam. From then on the
+second moment ``v`` stays frozen, each rank folds its own gradient into the momentum ``m``, and the
+ranks average ``m`` on the one-bit wire with error feedback (pyring/optim/compression.py), divided
+by Adam's frozen denominator while it travels (the same on every rank, so the average is unchanged,
+and the one-bit scale then matches the update rather than the raw momentum): the update is ``lr *
+m_hat / (sqrt(v_hat) + eps)`` with the bias corrections of Adam (``v_hat``'s frozen with ``v``).
+Weight decay is Adam's L2 term, or AdamW's decoupled decay with ``decoupled_weight_decay=True``.
+Once frozen, the denominator ``sqrt(v_hat)`` of each parameter group is floored at
+``denominator_floor`` times its root mean square: an element whose variance froze small (a noisy
+estimate from a short warm-up, or zero: no gradient arrived) would otherwise take outsized steps for
+the rest of the run, up to ``lr * m / eps`` (DeepSpeed asks for a hand-made mask there). It is a
+hyperparameter of the task: the shrunk char-level LM holds the baseline's loss at the default 0.01
+and not at 0.1; the digits MLP (whose first layer sees pixels that are nearly always blank) at 0.1
+and not at 0.01 (bench/convergence.py, README).
 
 ``state_dict()`` holds the step, ``m``, ``v`` and the one-bit residuals, so a job resumed from
 a checkpoint continues bit for bit as if it had never stopped. Every rank must hold the same
@@ -36,9 +35,9 @@ import torch
 
 from ..api import default
 from ..runtime import devices as _devices
-from .compression import OneBitState, all_reduce_wire
+from .compression import STATELESS_WIRES, OneBitState, all_reduce_wire
 
-_WARMUP_WIRES = ("fp32", "bf16")
+_WARMUP_WIRES = STATELESS_WIRES  # the warm-up averages afresh: no error feedback to keep
 
 
 def check_state_tensor(owner: str, name: str, t: Any, numel: int) -> None:

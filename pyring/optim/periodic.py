@@ -7,15 +7,15 @@
         loss_fn(model(x), y).backward()
         opt.step()
 
-The first ``warmup_steps`` steps average the gradients (float32) before the optimizer steps,
-as synchronous data parallelism does. After them each rank steps on its own gradients, and
-every ``period`` steps the ranks average their parameters: what each moved since the last
-average travels on ``wire`` ("fp32", "bf16" or "fp16"; the parameters themselves stay
-float32; the first average, with no earlier one to measure from, is float32), so every rank
-leaves the average with the same parameters. With
-``average_state=True`` the optimizer's state tensors shaped like their parameter (Adam's
-moments) are averaged too, in float32. Every rank must wrap the same parameters and step
-together; ``state_dict()`` holds the optimizer's state and the wrapper's step count.
+The first ``warmup_steps`` steps average the gradients (float32) before the optimizer steps, as
+synchronous data parallelism does. After them each rank steps on its own gradients, and every
+``period`` steps the ranks average their parameters: what each moved since the last average travels
+on ``wire`` (a wire without error feedback: ``STATELESS_WIRES``; the parameters themselves stay
+float32; the first average, with no earlier one to measure from, is float32), so every rank leaves
+the average with the same parameters. With ``average_state=True`` the optimizer's state tensors
+shaped like their parameter (Adam's moments) are averaged too, in float32. Every rank must wrap the
+same parameters and step together; ``state_dict()`` holds the optimizer's state and the wrapper's
+step count.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import default
-from .compression import all_reduce_wire
+from .compression import STATELESS_WIRES, all_reduce_wire
 
-_WIRES = ("fp32", "bf16", "fp16")
+_WIRES = STATELESS_WIRES  # parameters are averaged afresh: no error feedback to keep
 
 
 class PeriodicAveraging:

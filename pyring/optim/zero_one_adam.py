@@ -12,8 +12,8 @@ Three kinds of step, on every rank together:
 - **variance steps** (until ``var_freeze_step``, on a schedule whose gaps double after every
   ``var_update_scaler`` of them: with 4, steps 1-4 each, then every 2nd for 8 steps, every
   4th for 16...):
-  the gradients are averaged on ``var_wire`` ("bf16" or "fp32") and both moments update, as
-  in Adam;
+  the gradients are averaged on ``var_wire`` (one of ``STATELESS_WIRES``) and both moments
+  update, as in Adam;
 - **momentum steps** (the other steps until ``var_freeze_step``): the variance stays as it
   was, each rank folds its own gradient into the momentum, and the ranks average the momentum
   on the one-bit wire with error feedback, divided by Adam's denominator while it travels, as
