@@ -91,7 +91,7 @@ def test_wires():
         assert out["strided"]
         assert len(errors) == 5
         assert "op sum or avg, got max" in errors[0] and "floating" in errors[1]
-        assert "OneBitState" in errors[2] and "int4" in errors[3] and "onebit" in errors[3]
+        assert "OneBitState" in errors[2] and "int4" in errors[3] and "int8" in errors[3]
         assert "one state per bucket" in errors[4]
 
 

@@ -129,6 +129,23 @@ def test_device_codec_in_the_hierarchical_form():
     _check(run_ranks(4, _hierarchical, env=_DELAY, timeout=300))
 
 
+def _int8(rank, world, store):
+    return _on_both(rank, world, store, 40_003, ("int8",), ("sum", "avg"), torch.float32,
+                    steps=3, tail=2)
+
+
+def _int8_hierarchical(rank, world, store):
+    return _on_both(rank, world, store, 30_001, ("int8",), ("avg",), torch.float32, steps=2,
+                    tail=0, topology="0,1;2,3")
+
+
+def test_int8_on_a_device_is_staged_and_matches_the_host():
+    """int8 has host kernels only: a device buffer is staged through pinned host memory
+    (placement.cc), and its results and state are the host's, bit for bit."""
+    _check(run_ranks(2, _int8, env=_DELAY, timeout=300))
+    _check(run_ranks(4, _int8_hierarchical, env=_DELAY, timeout=300))
+
+
 def _crossing(rank, world, store):
     """Only encoded bytes cross between the device and the host."""
     from pyring.testing.sim import SimArray

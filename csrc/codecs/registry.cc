@@ -8,10 +8,11 @@ const Codec& fp32_codec();    // codecs/builtin.cc
 const Codec& fp16_codec();    // codecs/builtin.cc
 const Codec& bf16_codec();    // codecs/builtin.cc
 const Codec& onebit_codec();  // codecs/builtin.cc
+const Codec& int8_codec();    // codecs/int8/
 
 const std::vector<const Codec*>& codecs() {
   static const std::vector<const Codec*> list = {&fp32_codec(), &fp16_codec(), &bf16_codec(),
-                                                 &onebit_codec()};
+                                                 &onebit_codec(), &int8_codec()};
   return list;
 }
 
