@@ -98,20 +98,19 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
     job = rendezvous.job_key(store, rank, cfg.timeout_s) if world > 1 else os.urandom(40)
     secret, job_id = job[:32], job[32:].hex()
     host_ip = rendezvous.listen_address(cfg, meeting.store) if world > 1 else ""
-    listener = _C.TcpListener(host_ip) if world > 1 else None
-    # Point-to-point messages travel links of their own, to every peer.
-    p2p_listener = _C.TcpListener(host_ip) if world > 1 else None
+    # Each host transport makes its resources and spells its address (the core's
+    # transport/host_channel.h); point-to-point messages travel links of their own.
+    enabled = [] if cfg.transport == "auto" else [cfg.transport]
+    channels = {name: _C.HostChannel(rank, job_id, name, host_ip, cfg.segment_bytes, enabled)
+                for name in ("", "p2p")}
     spec = cfg.topology if isinstance(cfg.topology, str) else _as_lists(cfg.topology)
     me = {"host": rendezvous.host_key(), "pid": os.getpid(), "transport": cfg.transport,
           "segment_bytes": cfg.segment_bytes, "algo": cfg.algo, "topology": spec,
           "gpu_path": _gpu_path(device) if spec == "auto" else None,
           "cores": len(os.sched_getaffinity(0)), "link_model": cfg.link_model,
           "cpus": sorted(os.sched_getaffinity(0)),
-          "endpoints": {channel: _addresses(cfg, job_id, rank, channel, host_ip, lst)
-                        for channel, lst in (("", listener), ("p2p", p2p_listener))},
+          "endpoints": {name: dict(ch.addresses) for name, ch in channels.items()},
           "detail": cfg.debug == "DETAIL", "device": device}
-    segment = p2p_segment = None
-    names: list[str] = []
     dropped: dict[str, int] = {}
     try:
         peers = rendezvous.exchange(store, rank, world, me, cfg.timeout_s) if world > 1 else [me]
@@ -128,17 +127,16 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
             raise ValueError(f"init on rank {rank}: transport='shm' needs every rank on one "
                              f"host, but only ranks {local} share this one")
         groups = [[list(g) for g in level] for level in topo.groups]
-        # The transport of each pair is the core's choice, from the published endpoints.
-        endpoints = [(p["host"], p["endpoints"][""]) for p in peers]
-        p2p_endpoints = [(p["host"], p["endpoints"]["p2p"]) for p in peers]
-        needed = _C.needed_peers(rank, world, list(topo.levels), groups)
-        plan = _C.plan_transports(endpoints)[rank]
-        transports = {p: plan[p] for p in needed}
-        if "shm" in plan or "shm" in _C.plan_transports(p2p_endpoints)[rank]:
-            names = [rendezvous.shm_name(job_id, r, c) for r in local for c in ("", "p2p")]
-            segment = rendezvous.create_segment(job_id, rank, local_world, cfg)
-            p2p_segment = rendezvous.create_segment(job_id, rank, local_world, cfg, "p2p")
+        # The transport of each pair is the core's choice, from the published endpoints, made
+        # once per channel in ready().
+        wait = False
+        for name, ch in channels.items():
+            endpoints = [(p["host"], p["endpoints"][name]) for p in peers]
+            wait = ch.ready(endpoints, local_world) or wait
+        if wait:  # a local peer attaches to what this rank made
             rendezvous.store_barrier(store, "created", rank, local, cfg.timeout_s)
+        needed = _C.needed_peers(rank, world, list(topo.levels), groups)
+        transports = {p: channels[""].transport_of(p) for p in needed}
         model = _link_model(cfg, peers, host_of)
         reduce_rate = model.pop("reduce")[1]
         spin_us = _spin_us(local_world)  # from the CPUs the launcher gave, before binding
@@ -149,11 +147,11 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
         if rank == local[0] or cpus is not None:
             log.info("rank %d: affinity: %s", rank, why)
         core = _C.Communicator(rank, world, cfg.timeout_s, cfg.segment_bytes, local_index,
-                               local_world, segment, listener, secret, ALGOS.index(cfg.algo),
-                               spin_us, endpoints, needed, list(topo.levels),
+                               local_world, channels[""], secret, ALGOS.index(cfg.algo),
+                               spin_us, needed, list(topo.levels),
                                groups, 1 if cfg.debug in ("INFO", "DETAIL") else 0,
                                {k: tuple(v) for k, v in model.items()}, reduce_rate,
-                               p2p_segment, p2p_listener, p2p_endpoints, cfg.flight_entries,
+                               channels["p2p"], cfg.flight_entries,
                                SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
         _device_links.connect(core, store, rank, world, peers, device, cfg, job_id, needed,
@@ -161,13 +159,13 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
         if world > 1:
             rendezvous.store_barrier(store, "connected", rank, list(range(world)), cfg.timeout_s)
     finally:
-        # The names go as soon as every local peer has mapped them, or at once on failure.
-        for name in names if segment is not None else ():
-            _C.ShmSegment.unlink(name)
-        for lst in (listener, p2p_listener):
-            if lst is not None:
-                lst.close()
-                for why, n in lst.dropped.items():
+        # Names and listening ports go as soon as every peer has connected, or at once on
+        # failure.
+        for ch in channels.values():
+            ch.release()
+            for key, n in ch.counters.items():
+                if key.startswith("tcp.dropped_"):
+                    why = key.removeprefix("tcp.dropped_")
                     dropped[why] = dropped.get(why, 0) + n
     if rank == 0:
         log.info("topology (%s): %s\n%s", spec if isinstance(spec, str) else "explicit",
@@ -214,18 +212,6 @@ def _link_model(cfg: Any, peers: list[dict], host_of: list[int]) -> dict:
     if any(ranks[h] > cores[h] for h in ranks) and "shm" not in cfg.link_classes_set:
         model["shm"][0] = max(model["shm"][0], OVERSUBSCRIBED_SHM_ALPHA_S)
     return model
-
-
-def _addresses(cfg: Any, job_id: str, rank: int, channel: str, host_ip: str,
-               listener: Any) -> dict[str, str]:
-    """What this rank publishes for ``channel``: an address per transport it enables
-    (PYRING_TRANSPORT); the core chooses among them per pair."""
-    out = {}
-    if cfg.transport in ("auto", "shm"):
-        out["shm"] = rendezvous.shm_name(job_id, rank, channel)
-    if cfg.transport in ("auto", "tcp") and listener is not None:
-        out["tcp"] = f"{host_ip}:{listener.port}"
-    return out
 
 
 def _spin_us(local_world: int) -> int:

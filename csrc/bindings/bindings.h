@@ -12,12 +12,8 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "transport/host_channel.h"
 #include "transport/registry.h"
-
-namespace pyring {
-class ShmSegment;
-class TcpListener;
-}  // namespace pyring
 
 namespace pyring::bindings {
 
@@ -89,16 +85,15 @@ using Groups = std::vector<std::vector<std::vector<int>>>;
 // Link class name -> (alpha in seconds, bytes per second), over the transports' defaults.
 using ModelMap = std::map<std::string, std::pair<double, double>>;
 
-// The Communicator of one rank, connected (make_communicator.cc).
-CommunicatorPtr make_communicator(
-    int rank, int size, double timeout_s, size_t segment_bytes, uint32_t local_index,
-    uint32_t local_world, std::shared_ptr<ShmSegment> segment, TcpListener* listener,
-    py::bytes secret, int algo, int spin_us, const std::vector<EndpointTuple>& endpoint_tuples,
-    const std::vector<int>& needed, std::vector<std::string> level_names, Groups groups,
-    int log_level, const ModelMap& model, double reduce_bytes_per_s,
-    std::shared_ptr<ShmSegment> p2p_segment, TcpListener* p2p_listener,
-    const std::vector<EndpointTuple>& p2p_tuples, size_t flight_entries, int shm_copy,
-    int tcp_streams);
+// The Communicator of one rank, connected over the two readied channels (make_communicator.cc).
+CommunicatorPtr make_communicator(int rank, int size, double timeout_s, size_t segment_bytes,
+                                  uint32_t local_index, uint32_t local_world,
+                                  std::shared_ptr<HostChannel> channel, py::bytes secret, int algo,
+                                  int spin_us, const std::vector<int>& needed,
+                                  std::vector<std::string> level_names, Groups groups,
+                                  int log_level, const ModelMap& model, double reduce_bytes_per_s,
+                                  std::shared_ptr<HostChannel> p2p_channel, size_t flight_entries,
+                                  int shm_copy, int tcp_streams);
 
 // Adds the point-to-point calls and the collectives built on them to the Communicator class.
 void register_p2p(CommunicatorClass& cls);

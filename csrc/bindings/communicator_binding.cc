@@ -187,10 +187,9 @@ void register_communicator(py::module_& m) {
   CommunicatorClass cls(m, "Communicator");
   cls.def(py::init(&make_communicator), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
           py::arg("segment_bytes"), py::arg("local_index"), py::arg("local_world"),
-          py::arg("segment"), py::arg("listener"), py::arg("secret"), py::arg("algo"),
-          py::arg("spin_us"), py::arg("endpoints"), py::arg("needed"), py::arg("level_names"),
-          py::arg("groups"), py::arg("log_level"), py::arg("model"), py::arg("reduce_bytes_per_s"),
-          py::arg("p2p_segment"), py::arg("p2p_listener"), py::arg("p2p_endpoints"),
+          py::arg("channel"), py::arg("secret"), py::arg("algo"), py::arg("spin_us"),
+          py::arg("needed"), py::arg("level_names"), py::arg("groups"), py::arg("log_level"),
+          py::arg("model"), py::arg("reduce_bytes_per_s"), py::arg("p2p_channel"),
           py::arg("flight_entries") = 256, py::arg("shm_copy") = 0, py::arg("tcp_streams") = 1)
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)

@@ -1,11 +1,12 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "core/errors.h"
+#include "transport/host_channel.h"
 #include "transport/registry.h"
-#include "transport/shm/shm_link.h"
+#include "transport/shm/shm_link.h"  // process_alive
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/hmac_sha256.h"
-#include "transport/tcp/tcp_connect.h"
 
 namespace pyring::bindings {
 
@@ -35,46 +36,53 @@ void register_registry(py::module_& m) {
   }
   m.attr("TRANSPORT_NAMES") = py::tuple(names);
   m.attr("TRANSPORT_COSTS") = costs;
-  m.def(
-      "plan_transports",
-      [](const std::vector<EndpointTuple>& endpoints) {
-        const size_t n = endpoints.size();
-        const std::vector<int> plan = plan_transports(endpoints_of(endpoints));
-        py::list rows;
-        for (size_t a = 0; a < n; ++a) {
-          py::list row;
-          for (size_t b = 0; b < n; ++b) {
-            const int t = plan[a * n + b];
-            row.append(t < 0 ? py::object(py::none())
-                             : py::object(py::str(transports()[static_cast<size_t>(t)]->name())));
-          }
-          rows.append(row);
-        }
-        return rows;
-      },
-      py::arg("endpoints"),
-      "The transport of every pair (None on the diagonal), as the communicator will use them.");
 }
 
 }  // namespace
 
 void register_transport(py::module_& m) {
   register_registry(m);
-  py::class_<ShmSegment, std::shared_ptr<ShmSegment>>(m, "ShmSegment")
-      .def_static("create", &ShmSegment::create, py::arg("name"), py::arg("local_world"),
-                  py::arg("nslots"), py::arg("slot_bytes"))
-      .def_static("unlink", &ShmSegment::unlink, py::arg("name"))
-      .def_property_readonly("name", &ShmSegment::name);
-  py::class_<TcpListener>(m, "TcpListener")
-      .def(py::init<const std::string&>(), py::arg("host"))
-      .def_property_readonly("port", &TcpListener::port)
-      .def("close", &TcpListener::close_now)
-      .def_property_readonly("dropped", [](const TcpListener& l) {
-        const auto& d = l.dropped();
-        return py::dict(py::arg("silent") = d.silent, py::arg("garbage") = d.garbage,
-                        py::arg("bad_mac") = d.bad_mac, py::arg("not_expected") = d.not_expected,
-                        py::arg("overflow") = d.overflow);
-      });
+  py::class_<HostChannel, std::shared_ptr<HostChannel>>(m, "HostChannel",
+                                                        "This rank's host transports for one "
+                                                        "channel (transport/host_channel.h).")
+      .def(py::init([](int rank, const std::string& job, const std::string& channel,
+                       const std::string& host_ip, size_t segment_bytes,
+                       const std::vector<std::string>& enabled) {
+             HostSetup setup;
+             setup.rank = rank;
+             setup.job = job;
+             setup.channel = channel;
+             setup.host_ip = host_ip;
+             setup.segment_bytes = segment_bytes;
+             return std::make_shared<HostChannel>(setup, enabled);
+           }),
+           py::arg("rank"), py::arg("job"), py::arg("channel"), py::arg("host_ip"),
+           py::arg("segment_bytes"), py::arg("enabled"),
+           "Prepares the host transports in `enabled` (all when empty); host_ip '': no "
+           "listener (a world of one).")
+      .def_property_readonly("addresses", &HostChannel::addresses,
+                             "transport -> the opaque address to publish")
+      .def(
+          "ready",
+          [](HostChannel& c, const std::vector<EndpointTuple>& endpoints, uint32_t local_world) {
+            py::gil_scoped_release nogil;
+            return c.ready(endpoints_of(endpoints), local_world);
+          },
+          py::arg("endpoints"), py::arg("local_world"),
+          "Plans every pair once and readies what the peers use; True: local peers wait for "
+          "each other (a barrier) before connecting.")
+      .def(
+          "transport_of",
+          [](const HostChannel& c, int peer) -> py::object {
+            const char* t = c.transport_of(peer);
+            return t ? py::object(py::str(t)) : py::object(py::none());
+          },
+          py::arg("peer"), "The planned transport to `peer` (None: this rank).")
+      .def("release", &HostChannel::release,
+           "Removes what strangers could still find (shm names, listening ports).")
+      .def_property_readonly("counters", &HostChannel::counters);
+  m.def("unlink_shm", &ShmSegment::unlink, py::arg("name"),
+        "Removes a shared-memory name; a missing one is not an error.");
   m.def(
       "hmac_sha256",
       [](py::bytes key, py::bytes data) {

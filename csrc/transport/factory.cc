@@ -1,7 +1,6 @@
 #include "transport/factory.h"
 
 #include "core/errors.h"
-#include "transport/shm/shm_segment.h"
 
 namespace pyring {
 
@@ -35,7 +34,9 @@ Links make_links(const LinkSetup& setup, const std::vector<Endpoint>& endpoints,
                    " does not block the way its transport declares");
     }
   }
-  if (setup.own_segment) out.segments.push_back(setup.own_segment);
+  for (const auto& [name, state] : setup.prepared) {
+    if (state) out.segments.push_back(state);  // what the links map or read
+  }
   return out;
 }
 

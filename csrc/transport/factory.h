@@ -13,26 +13,22 @@
 
 namespace pyring {
 
-class ShmSegment;
-class TcpListener;
-
 // This rank's resources and settings, for the transports' connect().
 struct LinkSetup {
   int rank = 0;
   int size = 1;
   uint32_t local_index = 0;
   uint32_t local_world = 1;
-  std::shared_ptr<ShmSegment> own_segment;  // required when any peer uses shm
-  TcpListener* listener = nullptr;          // required when any peer uses tcp
   std::string secret;
   size_t segment_bytes = 0;
   ShmCopy shm_copy = ShmCopy::kAuto;
   int tcp_streams = 1;   // connections per tcp link (PYRING_SOCKET_NSTREAMS)
   int log_level = 0;     // >= 1: report connections dropped during the tcp rendezvous
   double timeout_s = 0;  // the communicator's deadline; tcp ties its liveness checks to it
-  // Device transports: the device, the stream their copies are queued on (the device queue's,
-  // so that they order with its kernels), what keeps that stream alive, and each transport's
-  // prepared state by name (Transport::prepare).
+  // Each transport's prepared state by name (Transport::prepare: host transports through
+  // transport/host_channel.h). Device transports: the device, the stream their copies are
+  // queued on (the device queue's, so that they order with its kernels), and what keeps that
+  // stream alive.
   Device device;
   StreamId stream = 0;
   std::shared_ptr<void> stream_owner;

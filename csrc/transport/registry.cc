@@ -35,6 +35,20 @@ std::shared_ptr<void> Transport::prepare(const DeviceSetup&, std::string*) const
   PYRING_THROW(Error, name(), " carries host memory and prepares nothing");
 }
 
+std::shared_ptr<void> Transport::prepare(const HostSetup&, std::string*) const {
+  return nullptr;
+}
+
+bool Transport::ready(void*, const std::vector<Endpoint>&, int, uint32_t, bool) const {
+  return false;
+}
+
+void Transport::release(void*) const {}
+
+std::map<std::string, uint64_t> Transport::counters(const void*) const {
+  return {};
+}
+
 std::vector<int> plan_transports(const std::vector<Endpoint>& endpoints, Memory memory) {
   const size_t n = endpoints.size();
   std::vector<int> plan(n * n, -1);

@@ -1,7 +1,7 @@
 // The transport registry: which transport links each pair of ranks, decided once, here, from
-// the endpoints every rank published (NCCL's transport list). Python gathers the endpoints
-// through the store and never decides. Adding a transport is one folder plus one entry in
-// registry.cc.
+// the endpoints every rank published (NCCL's transport list). Each transport makes its own
+// resources and spells its own address; Python publishes and gathers the opaque bytes through
+// the store and never decides. Adding a transport is one folder plus one entry in registry.cc.
 #pragma once
 
 #include <map>
@@ -47,6 +47,15 @@ struct DeviceSetup {
   std::vector<int> senders;
 };
 
+// A host transport's setting for one channel of this rank, before the rendezvous.
+struct HostSetup {
+  int rank = 0;
+  std::string job;      // unique per job: names the resources hosts could share (/dev/shm)
+  std::string channel;  // "" (collectives) or "p2p"
+  std::string host_ip;  // the IPv4 address this rank is reached at
+  size_t segment_bytes = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -63,6 +72,21 @@ class Transport {
   // setup.prepared, with the address to publish in *address. Throws where the device refuses
   // (CudaError); the rank then publishes no address for this transport.
   virtual std::shared_ptr<void> prepare(const DeviceSetup& setup, std::string* address) const;
+  // Host transports, in three steps around the rendezvous (transport/host_channel.h):
+  // prepare makes what the address names before it is published and returns the state
+  // connect() reads from setup.prepared (null: this transport offers nothing here, and no
+  // address is published); ready, once every rank's endpoint is known, makes what needs them
+  // (`used`: some peer of this rank goes over this transport) and says whether peers must wait
+  // for it before they connect; release, once every peer connected or on failure, removes
+  // what strangers could still find (a name, a listening port), the links staying up; shm
+  // removes its local peers' names too, so that a peer that died before its own release
+  // leaves nothing behind.
+  virtual std::shared_ptr<void> prepare(const HostSetup& setup, std::string* address) const;
+  virtual bool ready(void* state, const std::vector<Endpoint>& all, int rank, uint32_t local_world,
+                     bool used) const;
+  virtual void release(void* state) const;
+  // What the resources counted (tcp: connections dropped during the rendezvous, by why).
+  virtual std::map<std::string, uint64_t> counters(const void* state) const;
   // Links this rank to `peers` (every one of them chose this transport), into out.by_rank.
   // Throws CommError or TimeoutError naming the peer that could not be reached.
   virtual void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,

@@ -51,7 +51,7 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
         oks = rendezvous.exchange(store, rank, world, "" if pending else why, cfg.timeout_s,
                                   key="device_ok")
     finally:
-        _C.ShmSegment.unlink(name)
+        _C.unlink_shm(name)
     failed = {r: w for r, w in enumerate(oks) if w}
     if failed:
         if rank == 0:

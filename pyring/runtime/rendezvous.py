@@ -15,11 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _C
 from ..config import Config
 from ..errors import Error
-
-_NSLOTS = 8
 
 
 @dataclass
@@ -260,11 +257,6 @@ def prefixed(store: Any, rank: int) -> Any:
 
 
 def shm_name(job: str, rank: int, channel: str = "") -> str:
-    """Unique per job, global rank and channel ('' for collectives, 'p2p' for point-to-point),
-    so hosts that share /dev/shm never collide."""
+    """Unique per job, global rank and channel, so hosts that share /dev/shm never collide: the
+    device transports' host memory (channel 'device'; the host transports name their own)."""
     return f"/pyring-{job}-{rank}" + (f"-{channel}" if channel else "")
-
-
-def create_segment(job: str, rank: int, local_world: int, cfg: Config, channel: str = "") -> Any:
-    return _C.ShmSegment.create(shm_name(job, rank, channel), local_world, _NSLOTS,
-                                cfg.segment_bytes)

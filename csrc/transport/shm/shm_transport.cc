@@ -1,5 +1,10 @@
 // The shm entry of the transport registry: ranks of one host that both published a segment.
-// Address: the name of the rank's segment for the channel.
+// Address: the name of the rank's segment for the channel, unique per job, rank and channel,
+// so that hosts sharing /dev/shm never collide. The segment is made once the rendezvous shows
+// a local peer going over shm (its geometry needs the host's rank count), attached by those
+// peers, and its name unlinked at release.
+#include <string>
+
 #include "core/errors.h"
 #include "transport/factory.h"
 #include "transport/registry.h"
@@ -18,6 +23,16 @@ uint32_t local_index_of(const std::vector<Endpoint>& all, int rank) {
   return i;
 }
 
+// Slots per inbox: a sender runs this far ahead of its receiver.
+constexpr uint32_t kShmSlots = 8;
+
+struct ShmState {
+  std::string name;
+  uint64_t slot_bytes = 0;
+  std::shared_ptr<ShmSegment> segment;  // made by ready()
+  std::vector<std::string> peers;       // the local peers' names, removed at release too
+};
+
 class ShmTransport final : public Transport {
  public:
   const char* name() const override { return "shm"; }
@@ -29,19 +44,50 @@ class ShmTransport final : public Transport {
   WaitKind wait_kind() const override { return WaitKind::kFutexWord; }
   bool single_copy() const override { return true; }
 
+  std::shared_ptr<void> prepare(const HostSetup& setup, std::string* address) const override {
+    auto st = std::make_shared<ShmState>();
+    st->name = "/pyring-" + setup.job + "-" + std::to_string(setup.rank) +
+               (setup.channel.empty() ? "" : "-" + setup.channel);
+    st->slot_bytes = setup.segment_bytes;
+    *address = st->name;
+    return st;
+  }
+  bool ready(void* state, const std::vector<Endpoint>& all, int rank, uint32_t local_world,
+             bool used) const override {
+    auto* st = static_cast<ShmState*>(state);
+    if (!used || st->segment) return false;
+    const Endpoint& self = all[static_cast<size_t>(rank)];
+    for (const Endpoint& p : all) {
+      if (p.rank != rank && can_connect(self, p)) st->peers.push_back(p.address(name()));
+    }
+    st->segment = ShmSegment::create(st->name, local_world, kShmSlots, st->slot_bytes);
+    return true;
+  }
+  void release(void* state) const override {
+    auto* st = static_cast<ShmState*>(state);
+    if (!st->segment) return;
+    ShmSegment::unlink(st->name);
+    for (const std::string& peer : st->peers) ShmSegment::unlink(peer);
+  }
+
   void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,
                const std::vector<Endpoint>& all, Links& out, Deadline) const override {
     if (peers.empty()) return;
-    PYRING_CHECK_ARG(setup.own_segment != nullptr, "shm peer without a local segment");
-    const auto* h = setup.own_segment->header();
+    auto it = setup.prepared.find(name());
+    const auto* st =
+        it == setup.prepared.end() ? nullptr : static_cast<const ShmState*>(it->second.get());
+    PYRING_CHECK_ARG(st != nullptr && st->segment != nullptr,
+                     "shm peers without this rank's segment (HostChannel::ready)");
+    const std::shared_ptr<ShmSegment>& own = st->segment;
+    const auto* h = own->header();
     for (const Endpoint* p : peers) {
       const uint32_t li = local_index_of(all, p->rank);
       PYRING_CHECK_ARG(li < setup.local_world, "local index ", li, " out of range for local world ",
                        setup.local_world);
       auto seg = ShmSegment::attach(p->address("shm"), setup.local_world, h->nslots, h->slot_bytes);
       out.segments.push_back(seg);
-      out.by_rank[static_cast<size_t>(p->rank)] = std::make_unique<ShmLink>(
-          p->rank, setup.local_index, li, setup.own_segment, seg, setup.shm_copy);
+      out.by_rank[static_cast<size_t>(p->rank)] =
+          std::make_unique<ShmLink>(p->rank, setup.local_index, li, own, seg, setup.shm_copy);
     }
   }
 };

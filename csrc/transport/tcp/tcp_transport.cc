@@ -1,5 +1,8 @@
 // The tcp entry of the transport registry: any two ranks that both published a listener.
-// Address: "host:port" of the rank's listener for the channel.
+// Address: "host:port" of the rank's listener for the channel, which release() closes.
+#include <map>
+#include <string>
+
 #include "core/errors.h"
 #include "transport/factory.h"
 #include "transport/registry.h"
@@ -36,13 +39,33 @@ class TcpTransport final : public Transport {
   WaitKind wait_kind() const override { return WaitKind::kPollFd; }
   bool single_copy() const override { return false; }
 
+  // A world of one rank listens for nobody.
+  std::shared_ptr<void> prepare(const HostSetup& setup, std::string* address) const override {
+    if (setup.host_ip.empty()) return nullptr;
+    auto listener = std::make_shared<TcpListener>(setup.host_ip);
+    *address = setup.host_ip + ":" + std::to_string(listener->port());
+    return listener;
+  }
+  void release(void* state) const override { static_cast<TcpListener*>(state)->close_now(); }
+  std::map<std::string, uint64_t> counters(const void* state) const override {
+    const TcpListener::Dropped& d = static_cast<const TcpListener*>(state)->dropped();
+    return {{"dropped_silent", d.silent},
+            {"dropped_garbage", d.garbage},
+            {"dropped_bad_mac", d.bad_mac},
+            {"dropped_not_expected", d.not_expected},
+            {"dropped_overflow", d.overflow}};
+  }
+
   void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,
                const std::vector<Endpoint>&, Links& out, Deadline deadline) const override {
     if (peers.empty()) return;
-    PYRING_CHECK_ARG(setup.listener != nullptr, "tcp peers without a listener");
+    auto it = setup.prepared.find(name());
+    auto* listener =
+        it == setup.prepared.end() ? nullptr : static_cast<TcpListener*>(it->second.get());
+    PYRING_CHECK_ARG(listener != nullptr, "tcp peers without this rank's listener");
     std::vector<TcpPeer> tcp_peers;
     for (const Endpoint* p : peers) tcp_peers.push_back(parse_address(*p));
-    auto fds = tcp_establish(setup.rank, *setup.listener, tcp_peers, setup.secret, deadline,
+    auto fds = tcp_establish(setup.rank, *listener, tcp_peers, setup.secret, deadline,
                              setup.log_level, setup.tcp_streams);
     for (auto& [rank, streams] : fds) {
       for (int fd : streams) watch_liveness(fd, setup.timeout_s);

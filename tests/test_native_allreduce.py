@@ -1,0 +1,48 @@
+"""The core driven with no pybind and no Python (tests/native/allreduce_ranks.cc): ranks forked
+from one C++ program prepare their host channels, exchange addresses through files, assemble
+their communicators and check all_reduce over sizes, dtypes, ops and every algorithm, over shm,
+tcp and both.
+
+The program builds against the core library of the build directory `pip install .` leaves
+(scikit-build's build/<wheel tag>/, target native_allreduce); the test skips, saying so, where
+there is none."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def program() -> str:
+    caches = sorted(ROOT.glob("build/*/CMakeCache.txt"))
+    if not caches:
+        pytest.skip("no build directory of `pip install .` (build/<wheel tag>/) to link against")
+    build = caches[0].parent
+    cmake = re.search(r"^CMAKE_COMMAND:INTERNAL=(.*)$", caches[0].read_text(), re.M)
+    if cmake is None or not os.path.exists(cmake.group(1)):
+        pytest.skip(f"the cmake that configured {build} is gone")
+    proc = subprocess.run([cmake.group(1), "--build", str(build), "--target", "native_allreduce"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return str(build / "native_allreduce")
+
+
+@pytest.mark.parametrize("world,transport", [(1, "auto"), (2, "shm"), (3, "tcp"), (4, "auto")])
+def test_native_ranks_all_reduce_without_python(program, tmp_path, world, transport):
+    proc = subprocess.run([program, str(world), transport, str(tmp_path)], capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-4000:]
+
+
+def test_a_bad_transport_name_is_refused(program, tmp_path):
+    proc = subprocess.run([program, "2", "carrier-pigeon", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "unknown transport 'carrier-pigeon' (valid: shm, tcp, cuda_ipc)" in proc.stderr
