@@ -13,7 +13,14 @@ import subprocess
 SOURCES = ["tests/fuzz/fuzz_parsers.cc", "csrc/collectives/header.cc", "csrc/core/types.cc",
            "csrc/core/errors.cc", "csrc/core/topology.cc", "csrc/kernels/onebit.cc",
            "csrc/kernels/onebit_avx2.cc", "csrc/kernels/onebit_blocks.cc", "csrc/kernels/simd.cc",
-           "csrc/transport/tcp/tcp_handshake.cc", "csrc/transport/tcp/hmac_sha256.cc"]
+           "csrc/transport/tcp/tcp_handshake.cc", "csrc/transport/tcp/hmac_sha256.cc",
+           # A header names its wire from the codec registry, whose codecs carry their kernels
+           # (on the host, and on devices through the device layer: the sim and the CUDA stub).
+           "csrc/codecs/registry.cc", "csrc/codecs/builtin.cc", "csrc/codecs/int8/int8.cc",
+           "csrc/kernels/wire_cast.cc", "csrc/kernels/dispatch.cc", "csrc/kernels/reduce.cc",
+           "csrc/kernels/host_grid.cc", "csrc/device/device.cc",
+           "csrc/device/cuda/cuda_runtime_stub.cc", "csrc/device/sim/sim_arena.cc",
+           "csrc/device/sim/sim_runtime.cc", "csrc/device/sim/sim_stream.cc"]
 FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=fuzzer,address,undefined",
          "-fno-sanitize-recover=undefined"]
 
