@@ -78,7 +78,7 @@ bool IpcState::importers_gone(std::chrono::milliseconds wait, int* holder) const
 IpcLink::IpcLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<IpcState> mine,
                  std::shared_ptr<ShmSegment> theirs_control, uint8_t* theirs_region,
                  size_t send_inbox, size_t recv_inbox, IpcStream stream)
-    : Link(peer),
+    : QueuedLink(peer),
       mine_(std::move(mine)),
       theirs_control_(std::move(theirs_control)),
       theirs_region_(theirs_region),
@@ -134,13 +134,13 @@ void IpcLink::post_send(const uint8_t* data, size_t bytes) {
   PYRING_CHECK(send_inbox_ != kNoInbox, CommError, "cuda_ipc: rank ", peer_,
                " gave this rank no inbox (device links carry data to the ring's right "
                "neighbour alone)");
-  if (bytes > 0) sends_.push_back({data, bytes, 0});
+  QueuedLink::post_send(data, bytes);
 }
 
 void IpcLink::post_recv(RecvSpec spec) {
   PYRING_CHECK(recv_inbox_ != kNoInbox, CommError, "cuda_ipc: this rank gave rank ", peer_,
                " no inbox (device links carry data from the ring's left neighbour alone)");
-  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0});
+  QueuedLink::post_recv(std::move(spec));
 }
 
 bool IpcLink::progress_send() {
@@ -163,7 +163,7 @@ bool IpcLink::progress_send() {
       if (head_ - tail_seen_ >= mine_->nslots) break;
     }
     const uint32_t slot = static_cast<uint32_t>(head_ % mine_->nslots);
-    Send& s = sends_.front();
+    LinkSend& s = sends_.front();
     const size_t n = std::min(slot_bytes, s.bytes - s.done);
     mine_->rt.copy_async(index(), theirs_region_ + mine_->inbox_offset(send_inbox_, slot),
                          s.data + s.done, n, stream_.stream);
@@ -197,7 +197,7 @@ bool IpcLink::progress_recv() {
       head_seen_ = in_->head.load(std::memory_order_acquire);
       if (tail_ == head_seen_) break;
     }
-    Recv& r = recvs_.front();
+    LinkRecv& r = recvs_.front();
     const uint32_t slot = static_cast<uint32_t>(tail_ % mine_->nslots);
     const size_t len = in_->lens[slot];
     PYRING_CHECK(len <= mine_->slot_bytes && len > slot_offset_, CommError,
@@ -226,13 +226,12 @@ bool IpcLink::progress_recv() {
   return moved;
 }
 
-bool IpcLink::progress() {
-  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+void IpcLink::before_progress() {
   if (theirs_control_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
-  bool moved = progress_send();
-  moved |= progress_recv();
-  if (!moved && (!copying_.empty() || !reading_.empty())) check_device();
-  return moved;
+}
+
+void IpcLink::after_idle_progress() {
+  if (!copying_.empty() || !reading_.empty()) check_device();
 }
 
 void IpcLink::check_device() {
@@ -244,21 +243,11 @@ void IpcLink::check_device() {
                " while the cuda_ipc link to rank ", peer_, " waited for its copies");
 }
 
-std::string IpcLink::pending() const {
-  size_t send_left = 0, recv_left = 0;
-  for (const auto& s : sends_) send_left += s.bytes - s.done;
-  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
-  return str_cat("cuda_ipc link to rank ", peer_, " on ", mine_->device.str(), ": ", send_left,
-                 " bytes left to send, ", copying_.size(), " slots being copied, ", recv_left,
-                 " bytes left to receive");
-}
-
 void IpcLink::check_peer() {
   check_segment_owner(peer_, theirs_control_->header());
 }
 
-void IpcLink::abort() {
-  aborted_ = true;
+void IpcLink::abort_transport() {
   mine_->control->header()->aborted.store(1, std::memory_order_seq_cst);
 }
 

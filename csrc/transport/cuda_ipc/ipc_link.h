@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "core/link.h"
+#include "core/queued_link.h"
 #include "core/types.h"
 #include "device/runtime.h"
 #include "transport/shm/shm_segment.h"
@@ -82,7 +82,7 @@ struct IpcStream {
 constexpr size_t kNoInbox = SIZE_MAX;
 size_t inbox_index(const std::vector<int>& senders, int rank);
 
-class IpcLink final : public Link {
+class IpcLink final : public QueuedLink {
  public:
   // theirs_region: the peer's region, opened by ipc_open (closed by the destructor), or null
   // where send_inbox is kNoInbox.
@@ -98,23 +98,9 @@ class IpcLink final : public Link {
   const char* kind() const override { return "cuda_ipc"; }
   void post_send(const uint8_t* data, size_t bytes) override;
   void post_recv(RecvSpec spec) override;
-  bool progress() override;
-  bool idle() const override { return sends_.empty() && copying_.empty() && recvs_.empty(); }
-  bool sending() const override { return !sends_.empty() || !copying_.empty(); }
-  std::string pending() const override;
   void check_peer() override;
-  void abort() override;
 
  private:
-  struct Send {
-    const uint8_t* data;
-    size_t bytes;
-    size_t done;
-  };
-  struct Recv {
-    RecvSpec spec;
-    size_t done;
-  };
   struct Copy {  // a slot whose copy is queued, published once copied_ reaches `value`
     uint64_t value;
     uint32_t slot;
@@ -126,8 +112,13 @@ class IpcLink final : public Link {
     uint32_t slot;
     uint32_t bytes;
   };
-  bool progress_send();
-  bool progress_recv();
+  bool progress_send() override;
+  bool progress_recv() override;
+  void before_progress() override;
+  void after_idle_progress() override;
+  size_t in_flight() const override { return copying_.size(); }  // slots being copied
+  std::string where() const override { return " on " + mine_->device.str(); }
+  void abort_transport() override;
   // Throws DeviceFault when this link's stream has stopped on a fault (its flags never rise
   // again); asks the device at most once per kDeviceCheckEvery.
   void check_device();
@@ -156,11 +147,8 @@ class IpcLink final : public Link {
   uint64_t head_seen_ = 0;  // last observed peer head
   uint64_t released_ = 0;   // slots released to the peer
   size_t slot_offset_ = 0;  // bytes of slot tail_ already handed on
-  std::deque<Send> sends_;
   std::deque<Copy> copying_;
-  std::deque<Recv> recvs_;
   std::deque<uint64_t> reading_;  // read-flag values after which the next slots are free
-  bool aborted_ = false;
   Clock::time_point next_device_check_{};
   std::string trace_path_;  // empty: not tracing
   std::vector<TracePoint> trace_;

@@ -37,7 +37,7 @@ bool process_alive(int pid) {
 
 ShmLink::ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
                  std::shared_ptr<ShmSegment> theirs, ShmCopy copy)
-    : Link(peer),
+    : QueuedLink(peer),
       mine_(std::move(mine)),
       theirs_(std::move(theirs)),
       out_(theirs_->inbox_control(my_local)),
@@ -58,14 +58,6 @@ size_t ShmLink::data_start(uint64_t k, size_t len) const {
   return len <= slot_bytes_ - rot ? rot : 0;
 }
 
-void ShmLink::post_send(const uint8_t* data, size_t bytes) {
-  if (bytes > 0) sends_.push_back({data, bytes, 0});
-}
-
-void ShmLink::post_recv(RecvSpec spec) {
-  if (spec.bytes > 0) recvs_.push_back({std::move(spec), 0});
-}
-
 void ShmLink::wake_peer() {
   auto& sleeping = theirs_->header()->sleeping;
   if (sleeping.load(std::memory_order_seq_cst) != 0 && sleeping.exchange(0) != 0) {
@@ -83,7 +75,7 @@ bool ShmLink::progress_send() {
     uint32_t slot = static_cast<uint32_t>(head_ % nslots_);
     // Where the first send's rest would start: at 0 only where it does not fit behind the
     // rotation, so that what is packed behind it (never past cap) starts there too.
-    const Send& first = sends_.front();
+    const LinkSend& first = sends_.front();
     const size_t start = data_start(head_, first.bytes - first.done);
     const size_t cap = slot_bytes_ - start;
     uint8_t* dst = theirs_->inbox_slot(my_local_, slot) + start;
@@ -91,7 +83,7 @@ bool ShmLink::progress_send() {
     // kPieceAlign so that every message's pieces stay whole elements.
     size_t fill = 0;
     do {
-      Send& s = sends_.front();
+      LinkSend& s = sends_.front();
       size_t n = std::min<size_t>(cap - fill, s.bytes - s.done);
       if (copier_.copy(dst + fill, s.data + s.done, n)) count_streamed(n);
       fill += n;
@@ -116,7 +108,7 @@ bool ShmLink::progress_recv() {
       head_seen_ = in_->head.load(std::memory_order_acquire);
       if (tail_ == head_seen_) break;
     }
-    Recv& r = recvs_.front();
+    LinkRecv& r = recvs_.front();
     uint32_t slot = static_cast<uint32_t>(tail_ % nslots_);
     size_t len = in_->lens[slot];
     PYRING_CHECK(len <= slot_bytes_ && len > slot_offset_, CommError, "shm stream from rank ",
@@ -144,20 +136,8 @@ bool ShmLink::progress_recv() {
   return moved;
 }
 
-bool ShmLink::progress() {
-  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
+void ShmLink::before_progress() {
   if (theirs_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
-  bool moved = progress_send();
-  moved |= progress_recv();
-  return moved;
-}
-
-std::string ShmLink::pending() const {
-  size_t send_left = 0, recv_left = 0;
-  for (const auto& s : sends_) send_left += s.bytes - s.done;
-  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
-  return str_cat("shm link to rank ", peer_, ": ", send_left, " bytes left to send, ", recv_left,
-                 " bytes left to receive");
 }
 
 void check_segment_owner(int peer, const SegmentHeader* h) {
@@ -171,8 +151,7 @@ void ShmLink::check_peer() {
   check_segment_owner(peer_, theirs_->header());
 }
 
-void ShmLink::abort() {
-  aborted_ = true;
+void ShmLink::abort_transport() {
   mine_->header()->aborted.store(1, std::memory_order_seq_cst);
   theirs_->header()->sleeping.store(0, std::memory_order_seq_cst);
   futex_wake_all(&theirs_->header()->sleeping);

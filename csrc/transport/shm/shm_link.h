@@ -14,38 +14,22 @@
 #include <deque>
 #include <memory>
 
-#include "core/link.h"
+#include "core/queued_link.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/shm/stream_copy.h"
 
 namespace pyring {
 
-class ShmLink : public Link {
+class ShmLink final : public QueuedLink {
  public:
   ShmLink(int peer, uint32_t my_local, uint32_t peer_local, std::shared_ptr<ShmSegment> mine,
           std::shared_ptr<ShmSegment> theirs, ShmCopy copy);
 
   const char* kind() const override { return "shm"; }
-  void post_send(const uint8_t* data, size_t bytes) override;
-  void post_recv(RecvSpec spec) override;
-  bool progress() override;
-  bool idle() const override { return sends_.empty() && recvs_.empty(); }
-  bool sending() const override { return !sends_.empty(); }
-  std::string pending() const override;
   std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
   void check_peer() override;
-  void abort() override;
 
  private:
-  struct Send {
-    const uint8_t* data;
-    size_t bytes;
-    size_t done;
-  };
-  struct Recv {
-    RecvSpec spec;
-    size_t done;
-  };
   // Lap k / nslots of slot sequence number k starts its data (k / nslots % kLaps) steps of
   // slot_bytes / kLaps (a multiple of kRotateAlign; none in slots below kLaps * kRotateAlign)
   // into the slot.
@@ -56,8 +40,10 @@ class ShmLink : public Link {
   // sender starts at 0 only for data that does not fit behind the rotation, so both sides
   // agree from k and len alone.
   size_t data_start(uint64_t k, size_t len) const;
-  bool progress_send();
-  bool progress_recv();
+  bool progress_send() override;
+  bool progress_recv() override;
+  void before_progress() override;
+  void abort_transport() override;
   void wake_peer();
 
   std::shared_ptr<ShmSegment> mine_;
@@ -75,9 +61,6 @@ class ShmLink : public Link {
   uint64_t head_seen_ = 0;  // last observed peer head
   size_t slot_offset_ = 0;  // bytes of slot tail_ already consumed
   SlotCopier copier_;
-  std::deque<Send> sends_;
-  std::deque<Recv> recvs_;
-  bool aborted_ = false;
 };
 
 // True while process `pid` runs (not a zombie). Same pid namespace assumed.

@@ -15,7 +15,7 @@
 namespace pyring {
 
 TcpLink::TcpLink(int peer, int fd, size_t staging_bytes)
-    : Link(peer),
+    : QueuedLink(peer),
       fd_(fd),
       host_(peer_host(fd)),
       staging_(std::max<size_t>(kPieceAlign, staging_bytes / kPieceAlign * kPieceAlign)) {}
@@ -24,14 +24,9 @@ TcpLink::~TcpLink() {
   close(fd_);
 }
 
-void TcpLink::post_send(const uint8_t* data, size_t bytes) {
-  if (bytes > 0) sends_.push_back({data, bytes, 0});
-}
-
 void TcpLink::post_recv(RecvSpec spec) {
-  if (spec.bytes == 0) return;
-  if (recvs_.empty()) since_ = Clock::now();
-  recvs_.push_back({std::move(spec), 0, 0});
+  if (spec.bytes > 0 && recvs_.empty()) since_ = Clock::now();
+  QueuedLink::post_recv(std::move(spec));
 }
 
 namespace {
@@ -97,7 +92,7 @@ bool TcpLink::progress_send() {
 bool TcpLink::progress_recv() {
   bool moved = false;
   while (!recvs_.empty()) {
-    Recv& r = recvs_.front();
+    LinkRecv& r = recvs_.front();
     const size_t total = r.spec.bytes;
     size_t n;
     if (r.spec.copy_to) {
@@ -139,7 +134,7 @@ bool TcpLink::progress_recv() {
 
 size_t TcpLink::to_next_piece() const {
   if (recvs_.empty()) return 0;
-  const Recv& r = recvs_.front();
+  const LinkRecv& r = recvs_.front();
   return r.spec.copy_to
              ? std::min(r.spec.bytes - r.received, staging_.size() - (r.received - r.done))
              : std::min(staging_.size() - staged_, r.spec.bytes - r.done - staged_);
@@ -162,23 +157,7 @@ bool TcpLink::spin_worthwhile(int spin_us) {
   return false;
 }
 
-bool TcpLink::progress() {
-  PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
-  bool moved = progress_send();
-  moved |= progress_recv();
-  return moved;
-}
-
-std::string TcpLink::pending() const {
-  size_t send_left = 0, recv_left = 0;
-  for (const auto& s : sends_) send_left += s.bytes - s.done;
-  for (const auto& r : recvs_) recv_left += r.spec.bytes - r.done;
-  return str_cat("tcp link to rank ", peer_, " at ", host_, ": ", send_left,
-                 " bytes left to send, ", recv_left, " bytes left to receive");
-}
-
-void TcpLink::abort() {
-  aborted_ = true;
+void TcpLink::abort_transport() {
   shutdown(fd_, SHUT_RDWR);
 }
 

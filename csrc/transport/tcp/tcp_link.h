@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/link.h"
+#include "core/queued_link.h"
 #include "core/types.h"
 
 namespace pyring {
@@ -20,11 +20,7 @@ constexpr size_t kWakeBytes = 64 << 10;
 constexpr double kSpinForUs = 100;
 
 // A posted send: `done` of its `bytes` are handed to the kernel.
-struct TcpSend {
-  const uint8_t* data;
-  size_t bytes;
-  size_t done;
-};
+using TcpSend = LinkSend;
 
 // Hands the front of `queue` to the non-blocking socket `fd` (several messages per sendmsg)
 // until it would block or the queue is empty, popping what is done; returns the bytes sent.
@@ -34,7 +30,7 @@ size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue);
 // tcp_send_queued, also when the peer closed the connection.
 size_t tcp_recv_some(int fd, int peer, uint8_t* buf, size_t n);
 
-class TcpLink : public Link {
+class TcpLink final : public QueuedLink {
  public:
   // Takes ownership of the connected socket `fd`. Pieces of receives without copy_to are
   // delivered in `staging_bytes` units (a multiple of kPieceAlign).
@@ -42,12 +38,7 @@ class TcpLink : public Link {
   ~TcpLink() override;
 
   const char* kind() const override { return "tcp"; }
-  void post_send(const uint8_t* data, size_t bytes) override;
   void post_recv(RecvSpec spec) override;
-  bool progress() override;
-  bool idle() const override { return sends_.empty() && recvs_.empty(); }
-  bool sending() const override { return !sends_.empty(); }
-  std::string pending() const override;
   int poll_fd() const override { return fd_; }
   bool wants_write() const override { return !sends_.empty(); }
   size_t connections() const override { return 1; }
@@ -56,16 +47,12 @@ class TcpLink : public Link {
   // judged by how recent bytes arrived (reads needed times the time between reads), or when
   // nothing is being received.
   bool spin_worthwhile(int spin_us) override;
-  void abort() override;
 
  private:
-  struct Recv {
-    RecvSpec spec;
-    size_t done;      // bytes delivered to on_piece / copy_to
-    size_t received;  // bytes read from the socket (>= done)
-  };
-  bool progress_send();
-  bool progress_recv();
+  bool progress_send() override;
+  bool progress_recv() override;  // recvs_: `received` bytes read from the socket (>= done)
+  std::string where() const override { return " at " + host_; }
+  void abort_transport() override;
   // Bytes the front receive needs before it can deliver its next piece (0: none posted).
   size_t to_next_piece() const;
   // Sets SO_RCVLOWAT to `bytes` (at least 1) unless it is already.
@@ -75,9 +62,6 @@ class TcpLink : public Link {
   std::string host_;  // the peer's address, for errors
   std::vector<uint8_t> staging_;
   size_t staged_ = 0;
-  std::deque<TcpSend> sends_;
-  std::deque<Recv> recvs_;
-  bool aborted_ = false;
   // How bytes arrive, smoothed over recent reads: the time from the previous read (or from
   // posting a receive to an empty queue) to a read, and the bytes a read returns. 0 until
   // the first read.
