@@ -1,7 +1,8 @@
 """The core driven with no pybind and no Python (tests/native/allreduce_ranks.cc): ranks forked
 from one C++ program prepare their host channels, exchange addresses through files, assemble
 their communicators and check all_reduce over sizes, dtypes, ops and every algorithm, over shm,
-tcp and both.
+tcp and both, on host buffers and on sim device buffers (placed by the planner; the sim
+delaying every operation at random in one case, so that a missing stream order shows).
 
 The program builds against the core library of the build directory `pip install .` leaves
 (scikit-build's build/<wheel tag>/, target native_allreduce); the test skips, saying so, where
@@ -34,10 +35,13 @@ def program() -> str:
     return str(build / "native_allreduce")
 
 
-@pytest.mark.parametrize("world,transport", [(1, "auto"), (2, "shm"), (3, "tcp"), (4, "auto")])
-def test_native_ranks_all_reduce_without_python(program, tmp_path, world, transport):
+@pytest.mark.parametrize("world,transport,delay_us",
+                         [(1, "auto", 0), (2, "shm", 0), (3, "tcp", 0), (4, "auto", 0),
+                          (2, "auto", 100)])
+def test_native_ranks_all_reduce_without_python(program, tmp_path, world, transport, delay_us):
     proc = subprocess.run([program, str(world), transport, str(tmp_path)], capture_output=True,
-                          text=True, timeout=180)
+                          text=True, timeout=180,
+                          env=dict(os.environ, PYRING_SIM_DELAY_US=str(delay_us)))
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-4000:]
 
 

@@ -282,7 +282,7 @@ void register_communicator(py::module_& m) {
             const DeviceArgs da = device_args(device);
             const Plan plan = place(c, call_of(CallKind::kAllReduce, "all_reduce", vi, da, a));
             if (plan.placement != Placement::kHost) {
-              return allreduce_on_device(c, async_op, vi, vo, rop, a, da, plan.placement);
+              return py_allreduce_on_device(c, async_op, vi, vo, rop, a, da, plan.placement);
             }
             // root >= 0: a reduce to that rank, run as this all_reduce (its headers carry it).
             PYRING_CHECK_ARG(root >= -1 && root < c.size(), "reduce: dst=", root,
@@ -304,20 +304,20 @@ void register_communicator(py::module_& m) {
             const Placement where =
                 place(c, call_of(CallKind::kReduceScatter, "reduce_scatter", vi, da)).placement;
             if (where == Placement::kResident) {
-              return launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
-                                     [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
-                                       resident_reduce_scatter(c, on_stream(vi, dev, s),
-                                                               on_stream(vo, dev, s), rop, d);
-                                     });
+              return py_launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
+                                        [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
+                                          resident_reduce_scatter(c, on_stream(vi, dev, s),
+                                                                  on_stream(vo, dev, s), rop, d);
+                                        });
             }
             if (where == Placement::kStaged) {
-              return launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
-                                   {StagedRegion{vi.data, vi.bytes(), true, false},
-                                    StagedRegion{vo.data, vo.bytes(), false, true}},
-                                   [&c, vi, vo, rop](Deadline d, uint8_t* const* h) {
-                                     reduce_scatter(c, host_view(vi, h[0]), host_view(vo, h[1]),
-                                                    rop, d);
-                                   });
+              return py_launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
+                                      {StagedRegion{vi.data, vi.bytes(), true, false},
+                                       StagedRegion{vo.data, vo.bytes(), false, true}},
+                                      [&c, vi, vo, rop](Deadline d, uint8_t* const* h) {
+                                        reduce_scatter(c, host_view(vi, h[0]), host_view(vo, h[1]),
+                                                       rop, d);
+                                      });
             }
             return launch(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
                           [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
@@ -334,19 +334,19 @@ void register_communicator(py::module_& m) {
             const Placement where =
                 place(c, call_of(CallKind::kAllGather, "all_gather", vo, da)).placement;
             if (where == Placement::kResident) {
-              return launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
-                                     [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
-                                       resident_allgather(c, on_stream(vi, dev, s),
-                                                          on_stream(vo, dev, s), d);
-                                     });
+              return py_launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
+                                        [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
+                                          resident_allgather(c, on_stream(vi, dev, s),
+                                                             on_stream(vo, dev, s), d);
+                                        });
             }
             if (where == Placement::kStaged) {
-              return launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
-                                   {StagedRegion{vi.data, vi.bytes(), true, false},
-                                    StagedRegion{vo.data, vo.bytes(), false, true}},
-                                   [&c, vi, vo](Deadline d, uint8_t* const* h) {
-                                     allgather(c, host_view(vi, h[0]), host_view(vo, h[1]), d);
-                                   });
+              return py_launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
+                                      {StagedRegion{vi.data, vi.bytes(), true, false},
+                                       StagedRegion{vo.data, vo.bytes(), false, true}},
+                                      [&c, vi, vo](Deadline d, uint8_t* const* h) {
+                                        allgather(c, host_view(vi, h[0]), host_view(vo, h[1]), d);
+                                      });
             }
             return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
                           [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); });
@@ -364,18 +364,18 @@ void register_communicator(py::module_& m) {
             const Placement where =
                 place(c, call_of(CallKind::kBroadcast, "broadcast", v, da)).placement;
             if (where == Placement::kResident) {
-              return launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
-                                     [&c, v, root, dev = da.device](StreamId s, Deadline d) {
-                                       ring_broadcast(c, on_stream(v, dev, s), root, d);
-                                     });
+              return py_launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
+                                        [&c, v, root, dev = da.device](StreamId s, Deadline d) {
+                                          ring_broadcast(c, on_stream(v, dev, s), root, d);
+                                        });
             }
             if (where == Placement::kStaged) {
               const bool root_here = root == c.rank();
-              return launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
-                                   {StagedRegion{v.data, v.bytes(), root_here, !root_here}},
-                                   [&c, v, root](Deadline d, uint8_t* const* h) {
-                                     ring_broadcast(c, host_view(v, h[0]), root, d);
-                                   });
+              return py_launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
+                                      {StagedRegion{v.data, v.bytes(), root_here, !root_here}},
+                                      [&c, v, root](Deadline d, uint8_t* const* h) {
+                                        ring_broadcast(c, host_view(v, h[0]), root, d);
+                                      });
             }
             return launch(c, async_op, desc_of("broadcast", v, -1, root),
                           [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });

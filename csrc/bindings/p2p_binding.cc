@@ -126,10 +126,10 @@ void register_p2p(CommunicatorClass& cls) {
                 Placement::kStaged) {
               std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, true, false}};
               add_regions(regions, b, false);
-              return launch_staged(c, async_op, desc("gather", bytes, root), da, regions,
-                                   [&c, s, b, root](Deadline d, uint8_t* const* h) {
-                                     gather(c, Span{h[0], s.bytes}, on_host(b, h + 1), root, d);
-                                   });
+              return py_launch_staged(c, async_op, desc("gather", bytes, root), da, regions,
+                                      [&c, s, b, root](Deadline d, uint8_t* const* h) {
+                                        gather(c, Span{h[0], s.bytes}, on_host(b, h + 1), root, d);
+                                      });
             }
             return launch(c, async_op, desc("gather", bytes, root),
                           [&c, s, b, root](Deadline d) { gather(c, s, b, root, d); });
@@ -149,10 +149,10 @@ void register_p2p(CommunicatorClass& cls) {
                 Placement::kStaged) {
               std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, false, true}};
               add_regions(regions, b, true);
-              return launch_staged(c, async_op, desc("scatter", bytes, root), da, regions,
-                                   [&c, s, b, root](Deadline d, uint8_t* const* h) {
-                                     scatter(c, on_host(b, h + 1), Span{h[0], s.bytes}, root, d);
-                                   });
+              return py_launch_staged(c, async_op, desc("scatter", bytes, root), da, regions,
+                                      [&c, s, b, root](Deadline d, uint8_t* const* h) {
+                                        scatter(c, on_host(b, h + 1), Span{h[0], s.bytes}, root, d);
+                                      });
             }
             return launch(c, async_op, desc("scatter", bytes, root),
                           [&c, s, b, root](Deadline d) { scatter(c, b, s, root, d); });
@@ -174,10 +174,10 @@ void register_p2p(CommunicatorClass& cls) {
               add_regions(regions, i, true);
               add_regions(regions, o, false);
               const size_t n = i.size();
-              return launch_staged(c, async_op, desc("all_to_all", total), da, regions,
-                                   [&c, i, o, n](Deadline d, uint8_t* const* h) {
-                                     all_to_all(c, on_host(i, h), on_host(o, h + n), d);
-                                   });
+              return py_launch_staged(c, async_op, desc("all_to_all", total), da, regions,
+                                      [&c, i, o, n](Deadline d, uint8_t* const* h) {
+                                        all_to_all(c, on_host(i, h), on_host(o, h + n), d);
+                                      });
             }
             return launch(c, async_op, desc("all_to_all", total),
                           [&c, i, o](Deadline d) { all_to_all(c, i, o, d); });

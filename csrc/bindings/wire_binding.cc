@@ -124,18 +124,19 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
         call.wire = w;
         const Placement where = place(c, call).placement;
         if (w == Wire::kFp32 && where != Placement::kHost) {  // no codec: the ordinary allreduce
-          return allreduce_on_device(c, async_op, v, v, rop, a, da, where);
+          return py_allreduce_on_device(c, async_op, v, v, rop, a, da, where);
         }
         const CollectiveDesc desc = desc_of("all_reduce", v, op);
         if (where == Placement::kResident) {  // the codec on the device
-          return launch_resident(c, async_op, desc, da,
-                                 [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {
-                                   compressed_allreduce(c, on_stream(v, da.device, s), exact_tail,
-                                                        w, rop, state.get(), a, d);
-                                 });
+          return py_launch_resident(
+              c, async_op, desc, da,
+              [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {
+                compressed_allreduce(c, on_stream(v, da.device, s), exact_tail, w, rop, state.get(),
+                                     a, d);
+              });
         }
         if (where == Placement::kStaged) {  // float64: no device cast
-          return launch_staged(
+          return py_launch_staged(
               c, async_op, desc, da, {StagedRegion{v.data, v.bytes(), true, true}},
               [&c, v, exact_tail, w, rop, state, a](Deadline d, uint8_t* const* h) {
                 compressed_allreduce(c, host_view(v, h[0]), exact_tail, w, rop, state.get(), a, d);

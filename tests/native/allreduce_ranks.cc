@@ -7,8 +7,10 @@
 // TRANSPORT ("shm", "tcp" or "auto") enabled, publishes their addresses as files in DIR, reads
 // every rank's, readies the channels, waits for every rank (a file per rank and step),
 // assembles its Communicator (transport/assemble.h), releases the channels, and runs
-// all_reduce over sizes, dtypes, ops and algorithms whose results have a closed form. Exits 0
-// when every rank checked every result; else prints what went wrong and exits 1.
+// all_reduce over sizes, dtypes, ops and algorithms whose results have a closed form, on host
+// buffers and on buffers of the sim device (placed by the planner, collectives/placement.h,
+// and run by collectives/device_launch.h). Exits 0 when every rank checked every result; else
+// prints what went wrong and exits 1.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,10 +28,13 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/device_launch.h"
+#include "collectives/placement.h"
 #include "core/communicator.h"
 #include "core/errors.h"
 #include "core/topology.h"
 #include "core/work.h"
+#include "device/runtime.h"
 #include "transport/assemble.h"
 #include "transport/host_channel.h"
 
@@ -126,6 +131,43 @@ int check(Communicator& comm, size_t n, DType dtype, ReduceOp op, Algo algo) {
   return wrong;
 }
 
+// The same on a buffer of the sim device (csrc/device/sim/), placed by the planner (staged
+// through pinned host memory: no device link joins processes here) and ordered on a stream of
+// this rank's own.
+template <typename T>
+int check_sim(Communicator& comm, size_t n, DType dtype, ReduceOp op, Algo algo) {
+  DeviceRuntime& rt = device_runtime(DeviceKind::kSim);
+  const Device dev{DeviceKind::kSim, 0};
+  const StreamId stream = rt.create_stream(dev.index);
+  std::vector<T> x(n), y(n);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>((i % 7) + comm.rank() + 1);
+  void* d = device_alloc(rt, dev.index, n * sizeof(T));
+  rt.copy_async(dev.index, d, x.data(), n * sizeof(T), stream);
+  const BufferView v{d, n, dtype, dev, stream};
+  const DeviceArgs args{dev, stream};
+  const Plan plan = place(comm, call_of(CallKind::kAllReduce, "all_reduce", v, args, algo));
+  const Launched l = allreduce_on_device(comm, false, v, v, op, algo, args, plan.placement);
+  rt.copy_async(dev.index, y.data(), d, n * sizeof(T), stream);  // ordered after the results
+  rt.synchronize(dev.index, stream);
+  l.ticket.queue->wait_done(l.ticket.ticket, Deadline::after(30));
+  device_free(rt, dev.index, d);
+  rt.destroy_stream(dev.index, stream);
+  int wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double base = static_cast<double>(i % 7) + 1;
+    const int world = comm.size();
+    const double want =
+        op == ReduceOp::kSum ? world * base + world * (world - 1) / 2.0 : base + world - 1;
+    if (static_cast<double>(y[i]) != want) ++wrong;
+  }
+  if (wrong) {
+    std::fprintf(stderr, "rank %d: %d of %zu wrong on the sim device (%s, %s, %s, %s)\n",
+                 comm.rank(), wrong, n, dtype_name(dtype), op_name(op), algo_name(algo),
+                 placement_name(plan.placement));
+  }
+  return wrong;
+}
+
 int run_rank(int rank, int world, const std::string& transport) {
   const std::vector<std::string> enabled =
       transport == "auto" ? std::vector<std::string>{} : std::vector<std::string>{transport};
@@ -170,6 +212,12 @@ int run_rank(int rank, int world, const std::string& transport) {
       wrong += check<float>(*comm, n, DType::kFloat32, ReduceOp::kSum, algo);
       wrong += check<int32_t>(*comm, n, DType::kInt32, ReduceOp::kMax, algo);
       wrong += check<double>(*comm, n, DType::kFloat64, ReduceOp::kSum, algo);
+    }
+  }
+  for (Algo algo : {Algo::kAuto, Algo::kRing}) {
+    for (size_t n : {size_t{1}, size_t{1000}, (size_t{1} << 18) + 3}) {
+      wrong += check_sim<float>(*comm, n, DType::kFloat32, ReduceOp::kSum, algo);
+      wrong += check_sim<int32_t>(*comm, n, DType::kInt32, ReduceOp::kMax, algo);
     }
   }
   return wrong == 0 ? 0 : 1;
