@@ -16,8 +16,11 @@ from test_sim_matrix import _dev
 from pyring.launch import run_ranks
 
 BINDINGS = Path(__file__).resolve().parents[1] / "csrc" / "bindings"
-# A branch on where device buffers go: the device's kind, the device links, a placement helper.
-PLACEMENT_BRANCH = re.compile(r"if \(!?\w+\.device\.is_cpu\(\)|resident_on\(|stays_on_device")
+# A branch on where device buffers go, or a place named at all: the device's kind, the device
+# links, a placement helper, a placement or a body for one (collectives/call_bodies.h holds
+# them; the bindings hand them to run_plan whole).
+PLACEMENT_BRANCH = re.compile(r"if \(!?\w+\.device\.is_cpu\(\)|resident_on\(|stays_on_device"
+                              r"|Placement::|[Rr]esident|[Ss]taged")
 
 
 def placement_body(rank, world, store, refuse):
@@ -78,3 +81,4 @@ def test_the_bindings_hold_no_placement_branch():
              for m in PLACEMENT_BRANCH.finditer(p.read_text())]
     assert found == []
     assert PLACEMENT_BRANCH.search("if (!da.device.is_cpu()) {")  # the pattern finds one
+    assert PLACEMENT_BRANCH.search("if (where == Placement::kStaged) {")

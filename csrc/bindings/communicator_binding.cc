@@ -280,15 +280,13 @@ void register_communicator(py::module_& m) {
             ReduceOp rop = op_from_int(op);
             Algo a = call_algo(c, algo);
             const DeviceArgs da = device_args(device);
-            const Plan plan = place(c, call_of(CallKind::kAllReduce, "all_reduce", vi, da, a));
-            if (plan.placement != Placement::kHost) {
-              return py_allreduce_on_device(c, async_op, vi, vo, rop, a, da, plan.placement);
-            }
             // root >= 0: a reduce to that rank, run as this all_reduce (its headers carry it).
             PYRING_CHECK_ARG(root >= -1 && root < c.size(), "reduce: dst=", root,
                              " is not a rank of a world of ", c.size());
-            return launch(c, async_op, desc_of(root >= 0 ? "reduce" : "all_reduce", vi, op, root),
-                          [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); });
+            return py_run_plan(
+                c, async_op, desc_of(root >= 0 ? "reduce" : "all_reduce", vi, op, root),
+                call_of(CallKind::kAllReduce, "all_reduce", vi, da, a), da,
+                [&](auto where) { return allreduce_bodies(where, c, vi, vo, rop, a, da.device); });
           },
           py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("async_op"), py::arg("algo") = -1, py::arg("device") = py::none(),
@@ -301,26 +299,11 @@ void register_communicator(py::module_& m) {
             BufferView vo = view(out, out_count, dtype);
             ReduceOp rop = op_from_int(op);
             const DeviceArgs da = device_args(device);
-            const Placement where =
-                place(c, call_of(CallKind::kReduceScatter, "reduce_scatter", vi, da)).placement;
-            if (where == Placement::kResident) {
-              return py_launch_resident(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
-                                        [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
-                                          resident_reduce_scatter(c, on_stream(vi, dev, s),
-                                                                  on_stream(vo, dev, s), rop, d);
-                                        });
-            }
-            if (where == Placement::kStaged) {
-              return py_launch_staged(c, async_op, desc_of("reduce_scatter_tensor", vi, op), da,
-                                      {StagedRegion{vi.data, vi.bytes(), true, false},
-                                       StagedRegion{vo.data, vo.bytes(), false, true}},
-                                      [&c, vi, vo, rop](Deadline d, uint8_t* const* h) {
-                                        reduce_scatter(c, host_view(vi, h[0]), host_view(vo, h[1]),
-                                                       rop, d);
-                                      });
-            }
-            return launch(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
-                          [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); });
+            return py_run_plan(c, async_op, desc_of("reduce_scatter_tensor", vi, op),
+                               call_of(CallKind::kReduceScatter, "reduce_scatter", vi, da), da,
+                               [&](auto where) {
+                                 return reduce_scatter_bodies(where, c, vi, vo, rop, da.device);
+                               });
           },
           py::arg("inp"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("op"),
           py::arg("async_op"), py::arg("device") = py::none())
@@ -331,25 +314,10 @@ void register_communicator(py::module_& m) {
             BufferView vi = view(in, in_count, dtype);
             BufferView vo = view(out, in_count * static_cast<size_t>(c.size()), dtype);
             const DeviceArgs da = device_args(device);
-            const Placement where =
-                place(c, call_of(CallKind::kAllGather, "all_gather", vo, da)).placement;
-            if (where == Placement::kResident) {
-              return py_launch_resident(c, async_op, desc_of("all_gather_into_tensor", vo), da,
-                                        [&c, vi, vo, dev = da.device](StreamId s, Deadline d) {
-                                          resident_allgather(c, on_stream(vi, dev, s),
-                                                             on_stream(vo, dev, s), d);
-                                        });
-            }
-            if (where == Placement::kStaged) {
-              return py_launch_staged(c, async_op, desc_of("all_gather_into_tensor", vo), da,
-                                      {StagedRegion{vi.data, vi.bytes(), true, false},
-                                       StagedRegion{vo.data, vo.bytes(), false, true}},
-                                      [&c, vi, vo](Deadline d, uint8_t* const* h) {
-                                        allgather(c, host_view(vi, h[0]), host_view(vo, h[1]), d);
-                                      });
-            }
-            return launch(c, async_op, desc_of("all_gather_into_tensor", vo),
-                          [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); });
+            return py_run_plan(
+                c, async_op, desc_of("all_gather_into_tensor", vo),
+                call_of(CallKind::kAllGather, "all_gather", vo, da), da,
+                [&](auto where) { return allgather_bodies(where, c, vi, vo, da.device); });
           },
           py::arg("inp"), py::arg("out"), py::arg("in_count"), py::arg("dtype"),
           py::arg("async_op"), py::arg("device") = py::none())
@@ -361,24 +329,10 @@ void register_communicator(py::module_& m) {
                              " out of range for world size ", c.size());
             BufferView v = view(ptr, count, dtype);
             const DeviceArgs da = device_args(device);
-            const Placement where =
-                place(c, call_of(CallKind::kBroadcast, "broadcast", v, da)).placement;
-            if (where == Placement::kResident) {
-              return py_launch_resident(c, async_op, desc_of("broadcast", v, -1, root), da,
-                                        [&c, v, root, dev = da.device](StreamId s, Deadline d) {
-                                          ring_broadcast(c, on_stream(v, dev, s), root, d);
-                                        });
-            }
-            if (where == Placement::kStaged) {
-              const bool root_here = root == c.rank();
-              return py_launch_staged(c, async_op, desc_of("broadcast", v, -1, root), da,
-                                      {StagedRegion{v.data, v.bytes(), root_here, !root_here}},
-                                      [&c, v, root](Deadline d, uint8_t* const* h) {
-                                        ring_broadcast(c, host_view(v, h[0]), root, d);
-                                      });
-            }
-            return launch(c, async_op, desc_of("broadcast", v, -1, root),
-                          [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); });
+            return py_run_plan(
+                c, async_op, desc_of("broadcast", v, -1, root),
+                call_of(CallKind::kBroadcast, "broadcast", v, da), da,
+                [&](auto where) { return broadcast_bodies(where, c, v, root, da.device); });
           },
           py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("async_op"),
           py::arg("device") = py::none())

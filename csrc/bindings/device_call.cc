@@ -18,47 +18,10 @@ DeviceArgs device_args(const py::object& device) {
   return a;
 }
 
-namespace {
-
-// Runs `launch` without the GIL; the ticket, or (Work, ticket) for an async call.
-py::object run(const std::function<Launched()>& launch) {
-  Launched l;
-  {
-    py::gil_scoped_release nogil;
-    l = launch();
-  }
+py::object to_python(const Launched& l) {
+  if (!l.ticket.queue) return l.work ? py::cast(l.work) : py::none();  // host buffers
   if (l.work) return py::make_tuple(l.work, l.ticket);
   return py::cast(l.ticket);
-}
-
-}  // namespace
-
-py::object py_launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                            const DeviceArgs& args, std::vector<StagedRegion> regions,
-                            std::function<void(Deadline, uint8_t* const*)> fn) {
-  return run([&] {
-    return pyring::launch_staged(comm, async_op, desc, args, std::move(regions), std::move(fn));
-  });
-}
-
-py::object py_launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                            const DeviceArgs& args,
-                            std::function<void(DeviceQueue&, uint64_t, Deadline)> body) {
-  return run([&] { return launch_device(comm, async_op, desc, args, std::move(body)); });
-}
-
-py::object py_launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                              const DeviceArgs& args,
-                              std::function<void(StreamId, Deadline)> body) {
-  return run([&] { return pyring::launch_resident(comm, async_op, desc, args, std::move(body)); });
-}
-
-py::object py_allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
-                                  const BufferView& vo, ReduceOp op, Algo algo,
-                                  const DeviceArgs& args, Placement placement) {
-  return run([&] {
-    return pyring::allreduce_on_device(comm, async_op, vi, vo, op, algo, args, placement);
-  });
 }
 
 }  // namespace pyring::bindings

@@ -1,33 +1,33 @@
 // Collectives on device buffers, for the binding files: Python hands each call the buffers'
 // device and the caller's stream as `device=(kind code, index, stream)` (None: the host), and
-// the launches of collectives/device_launch.h come back as Python objects.
+// the plans collectives/device_launch.h runs come back as Python objects.
 #pragma once
 
-#include <functional>
-#include <vector>
+#include <utility>
 
 #include "bindings/bindings.h"
 #include "collectives/device_launch.h"
-#include "collectives/placement.h"
-#include "core/device_queue.h"
 
 namespace pyring::bindings {
 
 // None: the host; else the tuple (kind code, index, stream). Throws InvalidArgument.
 DeviceArgs device_args(const py::object& device);
 
-// collectives/device_launch.h's launches, called without the GIL: a synchronous call returns
-// its DeviceTicket, an async one (Work, DeviceTicket).
-py::object py_launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                            const DeviceArgs& args, std::vector<StagedRegion> regions,
-                            std::function<void(Deadline, uint8_t* const*)> fn);
-py::object py_launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                            const DeviceArgs& args,
-                            std::function<void(DeviceQueue&, uint64_t, Deadline)> body);
-py::object py_launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
-                              const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
-py::object py_allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
-                                  const BufferView& vo, ReduceOp op, Algo algo,
-                                  const DeviceArgs& args, Placement placement);
+// The Python result of a launch: on host buffers None, or the Work of an async call; on device
+// buffers the DeviceTicket, or (Work, DeviceTicket). Takes the GIL's holder's thread.
+py::object to_python(const Launched& l);
+
+// collectives/device_launch.h's run_plan of `call` with the bodies make(where) gives (its
+// *_bodies functions), run without the GIL.
+template <typename Make>
+py::object py_run_plan(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                       const CallDesc& call, const DeviceArgs& args, Make&& make) {
+  Launched l;
+  {
+    py::gil_scoped_release nogil;
+    l = run_plan(comm, async_op, desc, call, args, std::forward<Make>(make));
+  }
+  return to_python(l);
+}
 
 }  // namespace pyring::bindings

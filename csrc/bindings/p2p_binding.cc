@@ -35,18 +35,6 @@ void check_root(const Communicator& c, int root, const char* what) {
                    " out of range for world size ", c.size());
 }
 
-// Appends one staged region per span: read (inputs) or written back (outputs).
-void add_regions(std::vector<StagedRegion>& regions, const std::vector<Span>& list, bool read) {
-  for (const auto& s : list) regions.push_back(StagedRegion{s.data, s.bytes, read, !read});
-}
-
-// The spans' host copies, at consecutive staged regions from `h`.
-std::vector<Span> on_host(const std::vector<Span>& list, uint8_t* const* h) {
-  std::vector<Span> out;
-  for (size_t k = 0; k < list.size(); ++k) out.push_back(Span{h[k], list[k].bytes});
-  return out;
-}
-
 CollectiveDesc desc(const char* name, size_t bytes, int root = -1) {
   CollectiveDesc d;
   d.name = name;
@@ -122,17 +110,9 @@ void register_p2p(CommunicatorClass& cls) {
             if (c.rank() == root) b = spans(blocks, c.size(), "gather's output list");
             Span s = span(in, bytes);
             const DeviceArgs da = device_args(device);
-            if (place(c, call_of(CallKind::kPersonal, "gather", da)).placement ==
-                Placement::kStaged) {
-              std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, true, false}};
-              add_regions(regions, b, false);
-              return py_launch_staged(c, async_op, desc("gather", bytes, root), da, regions,
-                                      [&c, s, b, root](Deadline d, uint8_t* const* h) {
-                                        gather(c, Span{h[0], s.bytes}, on_host(b, h + 1), root, d);
-                                      });
-            }
-            return launch(c, async_op, desc("gather", bytes, root),
-                          [&c, s, b, root](Deadline d) { gather(c, s, b, root, d); });
+            return py_run_plan(c, async_op, desc("gather", bytes, root),
+                               call_of(CallKind::kPersonal, "gather", da), da,
+                               [&](auto where) { return gather_bodies(where, c, s, b, root); });
           },
           py::arg("inp"), py::arg("nbytes"), py::arg("blocks"), py::arg("root"),
           py::arg("async_op"), py::arg("device") = py::none())
@@ -145,17 +125,9 @@ void register_p2p(CommunicatorClass& cls) {
             if (c.rank() == root) b = spans(blocks, c.size(), "scatter's input list");
             Span s = span(out, bytes);
             const DeviceArgs da = device_args(device);
-            if (place(c, call_of(CallKind::kPersonal, "scatter", da)).placement ==
-                Placement::kStaged) {
-              std::vector<StagedRegion> regions = {StagedRegion{s.data, s.bytes, false, true}};
-              add_regions(regions, b, true);
-              return py_launch_staged(c, async_op, desc("scatter", bytes, root), da, regions,
-                                      [&c, s, b, root](Deadline d, uint8_t* const* h) {
-                                        scatter(c, on_host(b, h + 1), Span{h[0], s.bytes}, root, d);
-                                      });
-            }
-            return launch(c, async_op, desc("scatter", bytes, root),
-                          [&c, s, b, root](Deadline d) { scatter(c, b, s, root, d); });
+            return py_run_plan(c, async_op, desc("scatter", bytes, root),
+                               call_of(CallKind::kPersonal, "scatter", da), da,
+                               [&](auto where) { return scatter_bodies(where, c, b, s, root); });
           },
           py::arg("blocks"), py::arg("out"), py::arg("nbytes"), py::arg("root"),
           py::arg("async_op"), py::arg("device") = py::none())
@@ -168,19 +140,9 @@ void register_p2p(CommunicatorClass& cls) {
             size_t total = 0;
             for (const auto& s : i) total += s.bytes;
             const DeviceArgs da = device_args(device);
-            if (place(c, call_of(CallKind::kPersonal, "all_to_all", da)).placement ==
-                Placement::kStaged) {
-              std::vector<StagedRegion> regions;
-              add_regions(regions, i, true);
-              add_regions(regions, o, false);
-              const size_t n = i.size();
-              return py_launch_staged(c, async_op, desc("all_to_all", total), da, regions,
-                                      [&c, i, o, n](Deadline d, uint8_t* const* h) {
-                                        all_to_all(c, on_host(i, h), on_host(o, h + n), d);
-                                      });
-            }
-            return launch(c, async_op, desc("all_to_all", total),
-                          [&c, i, o](Deadline d) { all_to_all(c, i, o, d); });
+            return py_run_plan(c, async_op, desc("all_to_all", total),
+                               call_of(CallKind::kPersonal, "all_to_all", da), da,
+                               [&](auto where) { return all_to_all_bodies(where, c, i, o); });
           },
           py::arg("inp"), py::arg("out"), py::arg("async_op"), py::arg("device") = py::none(),
           "inp[j] goes to rank j; out[j] comes from rank j. Lists of (address, bytes).");

@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/device_call.h"
+#include "codecs/codec.h"
 #include "collectives/codec_flat.h"
 #include "collectives/compressed.h"
 #include "core/errors.h"
@@ -122,28 +123,14 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
         const DeviceArgs da = device_args(device);
         CallDesc call = call_of(CallKind::kWireAllReduce, "all_reduce_wire", v, da, a);
         call.wire = w;
-        const Placement where = place(c, call).placement;
-        if (w == Wire::kFp32 && where != Placement::kHost) {  // no codec: the ordinary allreduce
-          return py_allreduce_on_device(c, async_op, v, v, rop, a, da, where);
-        }
         const CollectiveDesc desc = desc_of("all_reduce", v, op);
-        if (where == Placement::kResident) {  // the codec on the device
-          return py_launch_resident(
-              c, async_op, desc, da,
-              [&c, v, exact_tail, w, rop, state, a, da](StreamId s, Deadline d) {
-                compressed_allreduce(c, on_stream(v, da.device, s), exact_tail, w, rop, state.get(),
-                                     a, d);
-              });
+        if (codec_of(w).schedule() == Schedule::kExact) {  // no codec: the ordinary allreduce
+          return py_run_plan(c, async_op, desc, call, da, [&](auto where) {
+            return allreduce_bodies(where, c, v, v, rop, a, da.device);
+          });
         }
-        if (where == Placement::kStaged) {  // float64: no device cast
-          return py_launch_staged(
-              c, async_op, desc, da, {StagedRegion{v.data, v.bytes(), true, true}},
-              [&c, v, exact_tail, w, rop, state, a](Deadline d, uint8_t* const* h) {
-                compressed_allreduce(c, host_view(v, h[0]), exact_tail, w, rop, state.get(), a, d);
-              });
-        }
-        return launch(c, async_op, desc, [&c, v, exact_tail, w, rop, state, a](Deadline d) {
-          compressed_allreduce(c, v, exact_tail, w, rop, state.get(), a, d);
+        return py_run_plan(c, async_op, desc, call, da, [&](auto where) {
+          return compressed_bodies(where, c, v, exact_tail, w, rop, state, a, da.device);
         });
       },
       py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("wire"),

@@ -25,21 +25,6 @@ CallDesc call_of(CallKind kind, const char* name, const DeviceArgs& args) {
   return d;
 }
 
-BufferView host_view(const BufferView& v, uint8_t* host) {
-  BufferView h = v;
-  h.data = host;
-  h.device = Device{};
-  h.stream = 0;
-  return h;
-}
-
-BufferView on_stream(const BufferView& v, const Device& device, StreamId stream) {
-  BufferView s = v;
-  s.device = device;
-  s.stream = stream;
-  return s;
-}
-
 Launched launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                          const DeviceArgs& args, std::function<void(StreamId, Deadline)> body) {
   return launch_device(comm, async_op, desc, args,
@@ -93,31 +78,28 @@ Launched launch_device(Communicator& comm, bool async_op, const CollectiveDesc& 
   return {nullptr, DeviceTicket{q, ticket}};
 }
 
-Launched allreduce_on_device(Communicator& c, bool async_op, const BufferView& vi,
-                             const BufferView& vo, ReduceOp rop, Algo a, const DeviceArgs& da,
-                             Placement placement) {
-  CollectiveDesc desc;
-  desc.name = "all_reduce";
-  desc.count = vi.count;
-  desc.dtype = vi.dtype;
-  desc.op = static_cast<int>(rop);
-  if (placement == Placement::kResident) {
-    return launch_resident(
-        c, async_op, desc, da, [&c, vi, vo, rop, dev = da.device](StreamId s, Deadline d) {
-          resident_allreduce(c, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);
-        });
+Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                    const CallDesc& call, Placement where, const DeviceArgs& args,
+                    CallBodies bodies) {
+  auto missing = [&] { return str_cat(call.name, " has no ", placement_name(where), " body"); };
+  switch (where) {
+    case Placement::kHost:
+      PYRING_CHECK(bodies.host != nullptr, Error, missing());
+      if (async_op) return {comm.submit(desc, std::move(bodies.host)), DeviceTicket{}};
+      comm.run_sync(desc, bodies.host);
+      return {};
+    case Placement::kResident:
+      PYRING_CHECK(bodies.resident != nullptr, Error, missing());
+      return launch_resident(comm, async_op, desc, args, std::move(bodies.resident));
+    case Placement::kStaged:
+      if (bodies.staged_by_queue) {
+        return launch_device(comm, async_op, desc, args, std::move(bodies.staged_by_queue));
+      }
+      PYRING_CHECK(bodies.staged != nullptr, Error, missing());
+      return launch_staged(comm, async_op, desc, args, std::move(bodies.regions),
+                           std::move(bodies.staged));
   }
-  return launch_device(c, async_op, desc, da,
-                       [&c, vi, vo, rop, a](DeviceQueue& q, uint64_t t, Deadline dl) {
-                         q.run_chunked(
-                             t, vi, vo,
-                             [&c, vi, rop, a](Deadline d, uint8_t* h, size_t, size_t n) {
-                               BufferView part = host_view(vi, h);
-                               part.count = n;
-                               allreduce(c, part, part, rop, a, d);
-                             },
-                             dl);
-                       });
+  PYRING_THROW(Error, "run_plan: unknown placement ", static_cast<int>(where));
 }
 
 }  // namespace pyring

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/call_bodies.h"
 #include "collectives/placement.h"
 #include "core/communicator.h"
 #include "core/device_queue.h"
@@ -57,16 +58,21 @@ Launched launch_staged(Communicator& comm, bool async_op, const CollectiveDesc& 
 Launched launch_resident(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                          const DeviceArgs& args, std::function<void(StreamId, Deadline)> body);
 
-// all_reduce(vi -> vo) of device buffers on args.device, placed by the planner: on the buffers
-// themselves (kResident), or staged in chunks through the host (kStaged), each chunk reduced
-// while its neighbours are copied.
-Launched allreduce_on_device(Communicator& comm, bool async_op, const BufferView& vi,
-                             const BufferView& vo, ReduceOp op, Algo algo, const DeviceArgs& args,
-                             Placement placement);
+// Runs `bodies`, those of the place `where` (place() chose it for the call), as one
+// collective `desc` of the communicator: on host buffers directly (Launched's ticket empty),
+// else as launch_* above. Throws Error naming the call where the place has no body. Call
+// without Python's GIL.
+Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                    const CallDesc& call, Placement where, const DeviceArgs& args,
+                    CallBodies bodies);
 
-// `v` on `device`, its kernels and copies queued on `stream`.
-BufferView on_stream(const BufferView& v, const Device& device, StreamId stream);
-// The host view of `v` at its staged copy `host`.
-BufferView host_view(const BufferView& v, uint8_t* host);
+// Places `call` (placement.h: the one decision) and runs the bodies make(where) gives for that
+// place (collectives/call_bodies.h), which build nothing for the places not taken.
+template <typename Make>
+Launched run_plan(Communicator& comm, bool async_op, const CollectiveDesc& desc,
+                  const CallDesc& call, const DeviceArgs& args, Make&& make) {
+  const Placement where = place(comm, call).placement;
+  return run_placed(comm, async_op, desc, call, where, args, make(where));
+}
 
 }  // namespace pyring

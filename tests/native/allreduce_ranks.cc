@@ -145,8 +145,15 @@ int check_sim(Communicator& comm, size_t n, DType dtype, ReduceOp op, Algo algo)
   rt.copy_async(dev.index, d, x.data(), n * sizeof(T), stream);
   const BufferView v{d, n, dtype, dev, stream};
   const DeviceArgs args{dev, stream};
-  const Plan plan = place(comm, call_of(CallKind::kAllReduce, "all_reduce", v, args, algo));
-  const Launched l = allreduce_on_device(comm, false, v, v, op, algo, args, plan.placement);
+  const CallDesc call = call_of(CallKind::kAllReduce, "all_reduce", v, args, algo);
+  const Placement placement = place(comm, call).placement;  // for the message below
+  CollectiveDesc desc;
+  desc.name = "all_reduce";
+  desc.count = n;
+  desc.dtype = dtype;
+  desc.op = static_cast<int>(op);
+  const Launched l = run_placed(comm, false, desc, call, placement, args,
+                                allreduce_bodies(placement, comm, v, v, op, algo, dev));
   rt.copy_async(dev.index, y.data(), d, n * sizeof(T), stream);  // ordered after the results
   rt.synchronize(dev.index, stream);
   l.ticket.queue->wait_done(l.ticket.ticket, Deadline::after(30));
@@ -163,7 +170,7 @@ int check_sim(Communicator& comm, size_t n, DType dtype, ReduceOp op, Algo algo)
   if (wrong) {
     std::fprintf(stderr, "rank %d: %d of %zu wrong on the sim device (%s, %s, %s, %s)\n",
                  comm.rank(), wrong, n, dtype_name(dtype), op_name(op), algo_name(algo),
-                 placement_name(plan.placement));
+                 placement_name(placement));
   }
   return wrong;
 }
