@@ -25,6 +25,7 @@ from .api import (  # noqa: E402
     broadcast,
     default,
     destroy,
+    empty,
     init,
     is_initialized,
     reduce_scatter_tensor,
@@ -53,7 +54,7 @@ def cuda_device_count() -> int:
 __all__ = [
     "Communicator", "CommError", "CommTimeout", "CudaError", "DesyncError", "Error",
     "ReduceOp", "Work",
-    "init", "destroy", "default", "is_initialized",
+    "init", "destroy", "default", "is_initialized", "empty",
     "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier",
     "cuda_device_count", "stats", "reset_stats", "Topology",
     # api.DELEGATED, spelt out for static readers (the API reference); tests/test_docs.py

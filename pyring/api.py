@@ -154,6 +154,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
                                channels["p2p"], cfg.flight_entries,
                                SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
+        core.enable_symmetric(local, job_id)
         _device_links.connect(core, store, rank, world, peers, device, cfg, job_id, needed,
                               local_index, local_world)
         if world > 1:
@@ -279,6 +280,23 @@ def all_gather_into_tensor(out: Any, tensor: Any, async_op: bool = False) -> Wor
 def reduce_scatter_tensor(out: Any, tensor: Any, op: Any = "sum",
                           async_op: bool = False) -> Work | None:
     return default().reduce_scatter_tensor(out, tensor, op=op, async_op=async_op)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, comm: Communicator | None = None
+          ) -> Any:
+    """A tensor of ``size`` and ``dtype`` (default float32) in symmetric memory: every rank of
+    ``comm`` (default: the default communicator) on this host maps every other's.
+
+    Collective: every rank calls it with the same size and dtype, in the same order; a
+    mismatch raises on every rank naming both calls. The memory is one shared-memory segment
+    per rank (mode 0600), unlinked once every local rank has mapped it; the returned tensor is
+    an ordinary torch tensor whose storage keeps the mapping alive, so it is freed when the
+    last view of it goes. all_reduce, reduce_scatter_tensor, all_gather_into_tensor and
+    broadcast on such tensors run zero-copy when every rank of the communicator shares this
+    host (their inputs must be symmetric on every rank, or on none). Its contents start
+    zeroed. ``device``: 'cpu' (the default)."""
+    from .runtime.symmetric import empty as _empty
+    return _empty(comm or default(), *size, dtype=dtype, device=device)
 
 
 def barrier(async_op: bool = False) -> Work | None:

@@ -43,6 +43,7 @@ class Communicator(PointToPoint):
         self._stats_base: tuple[dict, dict, tuple] = ({}, {}, (0, 0, 0))
         self._stats_base_device: dict = {}
         self._stats_base_crossing = 0
+        self._stats_base_zero_copy: dict = {}
         # Tensors of queued collectives stay referenced here until their work completes.
         self._inflight: collections.deque = collections.deque()
         self._closed = False
@@ -309,7 +310,11 @@ class Communicator(PointToPoint):
         the device. ``device_memory`` is the device memory pyring holds in this process, by
         device ('cuda:0': bytes): cuda_ipc inboxes, device scratch and the compressed wires'
         residuals, allocated outside torch's caching allocator (a level, not a counter:
-        reset_stats leaves it)."""
+        reset_stats leaves it). ``zero_copy`` counts the collectives that ran zero-copy on
+        symmetric tensors (``calls``, of which ``one_shot``) and the ``bytes`` this rank read
+        from its peers' mappings for them, which bytes_received leaves out;
+        ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a
+        level)."""
         links, calls = self._c.raw_stats()
         base_links, base_calls, base_p2p = self._stats_base
         p2p = self._c.p2p_bytes()
@@ -327,6 +332,7 @@ class Communicator(PointToPoint):
             s0, r0 = self._stats_base_device.get(peer, (0, 0))
             device_links[peer] = {"transport": kind, "bytes_sent": sent - s0,
                                   "bytes_received": received - r0}
+        sym, zc0 = self._c.symmetric_stats(), self._stats_base_zero_copy
         return {
             "bytes_sent": sum(v["bytes_sent"] for v in out_links.values()),
             "bytes_received": sum(v["bytes_received"] for v in out_links.values()),
@@ -337,7 +343,17 @@ class Communicator(PointToPoint):
             "device_links": device_links,
             "device_host_bytes": self._c.device_host_bytes() - self._stats_base_crossing,
             "device_memory": _C.device_memory_held(),
+            "zero_copy": {"calls": sym["zero_copy_calls"] - zc0.get("zero_copy_calls", 0),
+                          "one_shot": sym["one_shot_calls"] - zc0.get("one_shot_calls", 0),
+                          "bytes": sym["zero_copy_bytes"] - zc0.get("zero_copy_bytes", 0)},
+            "symmetric_memory": {"allocations": sym["symmetric_allocations"],
+                                 "bytes": sym["symmetric_bytes"]},
         }
+
+    def empty(self, *size: Any, dtype: Any = None, device: Any = None) -> Any:
+        """A tensor in symmetric memory: see :func:`pyring.empty`."""
+        from .runtime.symmetric import empty
+        return empty(self, *size, dtype=dtype, device=device)
 
     def debug_dump(self) -> list[dict[str, Any]]:
         """The flight recorder: this rank's last collectives (PYRING_FLIGHT_RECORDER, default
@@ -358,6 +374,7 @@ class Communicator(PointToPoint):
         self._stats_base_device = {p: (s, r) for p, (_, s, r) in
                                    self._c.device_link_stats().items()}
         self._stats_base_crossing = self._c.device_host_bytes()
+        self._stats_base_zero_copy = self._c.symmetric_stats()
 
     def close(self) -> None:
         """Finishes the work already running, fails queued work with CommError, and frees the

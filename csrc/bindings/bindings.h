@@ -104,6 +104,9 @@ void register_device_links(CommunicatorClass& cls, py::module_& m);
 // The compressed allreduce and its state (wire_binding.cc).
 void register_wire(CommunicatorClass& cls, py::module_& m);
 
+// Symmetric memory: enable_symmetric, symmetric_empty, SymmetricBlock (symmetric_binding.cc).
+void register_symmetric(CommunicatorClass& cls, py::module_& m);
+
 // Adds fast_all_reduce, the short path of a synchronous in-place all_reduce (fast_call.cc).
 void register_fast_call(CommunicatorClass& cls);
 

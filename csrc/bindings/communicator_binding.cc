@@ -316,7 +316,7 @@ void register_communicator(py::module_& m) {
             const DeviceArgs da = device_args(device);
             return py_run_plan(
                 c, async_op, desc_of("all_gather_into_tensor", vo),
-                call_of(CallKind::kAllGather, "all_gather", vo, da), da,
+                call_of(CallKind::kAllGather, "all_gather", vi, da), da,
                 [&](auto where) { return allgather_bodies(where, c, vi, vo, da.device); });
           },
           py::arg("inp"), py::arg("out"), py::arg("in_count"), py::arg("dtype"),
@@ -346,6 +346,7 @@ void register_communicator(py::module_& m) {
   register_fast_call(cls);
   register_device_links(cls, m);
   register_wire(cls, m);
+  register_symmetric(cls, m);
 }
 
 }  // namespace pyring::bindings

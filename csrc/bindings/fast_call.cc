@@ -16,7 +16,7 @@
 #include <Python.h>
 
 #include "bindings/bindings.h"
-#include "collectives/collectives.h"
+#include "collectives/device_launch.h"
 #include "collectives/selector.h"
 #include "core/errors.h"
 
@@ -237,8 +237,7 @@ int try_short_path(const FastContext& ctx, PyObject* const (&vals)[kNumParams]) 
   std::exception_ptr error;
   Py_BEGIN_ALLOW_THREADS;
   try {
-    comm.run_sync(
-        desc, [&comm, &view, rop, algo](Deadline d) { allreduce(comm, view, view, rop, algo, d); });
+    run_host_allreduce(comm, desc, view, rop, algo);
   } catch (...) {
     error = std::current_exception();
   }

@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "collectives/collectives.h"
+#include "collectives/zero_copy.h"
+#include "core/errors.h"
 
 namespace pyring {
 
@@ -18,6 +20,13 @@ std::vector<Span> on_host(const std::vector<Span>& list, uint8_t* const* h) {
   std::vector<Span> out;
   for (size_t k = 0; k < list.size(); ++k) out.push_back(Span{h[k], list[k].bytes});
   return out;
+}
+
+// The symmetric span of v, which the planner found in symmetric memory.
+SymmetricSpan symmetric_span(Communicator& c, const BufferView& v) {
+  SymmetricSpan s = c.symmetric()->find(v.data, v.bytes());
+  PYRING_CHECK(static_cast<bool>(s), Error, "a buffer placed zero-copy is not symmetric memory");
+  return s;
 }
 
 }  // namespace
@@ -42,6 +51,12 @@ CallBodies allreduce_bodies(Placement where, Communicator& c, const BufferView& 
   CallBodies b;
   if (where == Placement::kHost) {
     b.host = [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); };
+  }
+  if (where == Placement::kZeroCopy) {
+    const SymmetricSpan si = symmetric_span(c, vi), so = c.symmetric()->find(vo.data, vo.bytes());
+    b.host = [&c, si, so, vi, vo, rop](Deadline d) {
+      zero_copy_allreduce(c, si, so, vi, vo, rop, d);
+    };
   }
   if (where == Placement::kResident) {
     b.resident = [&c, vi, vo, rop, dev](StreamId s, Deadline d) {
@@ -69,6 +84,11 @@ CallBodies reduce_scatter_bodies(Placement where, Communicator& c, const BufferV
   if (where == Placement::kHost) {
     b.host = [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); };
   }
+  if (where == Placement::kZeroCopy) {
+    b.host = [&c, si = symmetric_span(c, vi), vi, vo, rop](Deadline d) {
+      zero_copy_reduce_scatter(c, si, vi, vo, rop, d);
+    };
+  }
   if (where == Placement::kResident) {
     b.resident = [&c, vi, vo, rop, dev](StreamId s, Deadline d) {
       resident_reduce_scatter(c, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);
@@ -88,6 +108,11 @@ CallBodies allgather_bodies(Placement where, Communicator& c, const BufferView& 
                             const BufferView& vo, const Device& dev) {
   CallBodies b;
   if (where == Placement::kHost) b.host = [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); };
+  if (where == Placement::kZeroCopy) {
+    b.host = [&c, si = symmetric_span(c, vi), vi, vo](Deadline d) {
+      zero_copy_allgather(c, si, vi, vo, d);
+    };
+  }
   if (where == Placement::kResident) {
     b.resident = [&c, vi, vo, dev](StreamId s, Deadline d) {
       resident_allgather(c, on_stream(vi, dev, s), on_stream(vo, dev, s), d);
@@ -109,6 +134,11 @@ CallBodies broadcast_bodies(Placement where, Communicator& c, const BufferView& 
   CallBodies b;
   if (where == Placement::kHost) {
     b.host = [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); };
+  }
+  if (where == Placement::kZeroCopy) {
+    b.host = [&c, sv = symmetric_span(c, v), v, root](Deadline d) {
+      zero_copy_broadcast(c, sv, v, root, d);
+    };
   }
   if (where == Placement::kResident) {
     b.resident = [&c, v, root, dev](StreamId s, Deadline d) {

@@ -18,7 +18,8 @@
 
 namespace pyring {
 
-// A call's bodies, one per place the planner may put it: `host` on host buffers; `resident`
+// A call's bodies, one per place the planner may put it: `host` on host buffers (zero-copy
+// ones too: they run on the host); `resident`
 // on the device buffers themselves; `staged` over host copies of `regions`, or
 // `staged_by_queue` given the call's DeviceQueue and ticket whole (DeviceQueue::run_chunked).
 // Only the body of the call's place is filled.

@@ -14,7 +14,22 @@ CallDesc call_of(CallKind kind, const char* name, const BufferView& v, const Dev
   CallDesc d = call_of(kind, name, args);
   d.dtype = v.dtype;
   d.algo = algo;
+  d.read = v.data;
+  d.read_bytes = v.bytes();
   return d;
+}
+
+void run_host_allreduce(Communicator& comm, const CollectiveDesc& desc, const BufferView& v,
+                        ReduceOp op, Algo algo) {
+  const DeviceArgs host;
+  const CallDesc call = call_of(CallKind::kAllReduce, "all_reduce", v, host, algo);
+  const Placement where = place(comm, call).placement;
+  if (where == Placement::kHost && !(comm.symmetric() && comm.symmetric()->any())) {
+    comm.run_sync(desc, [&comm, &v, op, algo](Deadline d) { allreduce(comm, v, v, op, algo, d); });
+    return;
+  }
+  run_placed(comm, false, desc, call, where, host,
+             allreduce_bodies(where, comm, v, v, op, algo, Device{}));
 }
 
 CallDesc call_of(CallKind kind, const char* name, const DeviceArgs& args) {
@@ -84,10 +99,20 @@ Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& des
   auto missing = [&] { return str_cat(call.name, " has no ", placement_name(where), " body"); };
   switch (where) {
     case Placement::kHost:
+    case Placement::kZeroCopy: {
       PYRING_CHECK(bodies.host != nullptr, Error, missing());
-      if (async_op) return {comm.submit(desc, std::move(bodies.host)), DeviceTicket{}};
-      comm.run_sync(desc, bodies.host);
+      std::function<void(Deadline)> body = std::move(bodies.host);
+      if (comm.symmetric() && comm.symmetric()->any()) {
+        // Peers on the zero-copy path learn at once that this rank took the other one.
+        body = [&comm, zero = where == Placement::kZeroCopy, b = std::move(body)](Deadline d) {
+          comm.symmetric()->enter(comm.seq(), zero);
+          b(d);
+        };
+      }
+      if (async_op) return {comm.submit(desc, std::move(body)), DeviceTicket{}};
+      comm.run_sync(desc, body);
       return {};
+    }
     case Placement::kResident:
       PYRING_CHECK(bodies.resident != nullptr, Error, missing());
       return launch_resident(comm, async_op, desc, args, std::move(bodies.resident));

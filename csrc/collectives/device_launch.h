@@ -37,7 +37,8 @@ struct Launched {
   DeviceTicket ticket;
 };
 
-// The planner's description of a call on buffers like `v` on args.device, with its algorithm.
+// The planner's description of a call on buffers like `v` on args.device, with its algorithm;
+// `v` is the buffer the peers would read.
 CallDesc call_of(CallKind kind, const char* name, const BufferView& v, const DeviceArgs& args,
                  Algo algo = Algo::kAuto);
 // The same for calls whose element type does not matter (they move bytes).
@@ -65,6 +66,11 @@ Launched launch_resident(Communicator& comm, bool async_op, const CollectiveDesc
 Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& desc,
                     const CallDesc& call, Placement where, const DeviceArgs& args,
                     CallBodies bodies);
+
+// A synchronous all_reduce of host buffer v in place, where the planner puts it: the short
+// call path (bindings/fast_call.cc). Without symmetric memory it builds no bodies.
+void run_host_allreduce(Communicator& comm, const CollectiveDesc& desc, const BufferView& v,
+                        ReduceOp op, Algo algo);
 
 // Places `call` (placement.h: the one decision) and runs the bodies make(where) gives for that
 // place (collectives/call_bodies.h), which build nothing for the places not taken.

@@ -1,6 +1,7 @@
 #include "collectives/placement.h"
 
 #include "codecs/codec.h"
+#include "collectives/zero_copy.h"
 #include "core/errors.h"
 
 namespace pyring {
@@ -13,6 +14,8 @@ const char* placement_name(Placement p) {
       return "resident";
     case Placement::kStaged:
       return "staged";
+    case Placement::kZeroCopy:
+      return "zero-copy";
   }
   return "an unknown placement";
 }
@@ -20,7 +23,16 @@ const char* placement_name(Placement p) {
 namespace {
 
 Plan decide(const Communicator& comm, const CallDesc& call) {
-  if (call.device.is_cpu()) return {Placement::kHost, "host buffers"};
+  if (call.device.is_cpu()) {
+    const bool zero_copy_kind =
+        call.kind == CallKind::kAllReduce || call.kind == CallKind::kReduceScatter ||
+        call.kind == CallKind::kAllGather || call.kind == CallKind::kBroadcast;
+    if (zero_copy_kind && zero_copy_possible(comm) &&
+        comm.symmetric()->find(call.read, call.read_bytes)) {
+      return {Placement::kZeroCopy, "symmetric memory, every rank on this host"};
+    }
+    return {Placement::kHost, "host buffers"};
+  }
   const std::string dev = call.device.str();
   // One rank moves nothing; else the device links must carry this device.
   const bool links = comm.size() == 1 || comm.resident_on(call.device);

@@ -1,6 +1,7 @@
 // The one place that decides where a collective's buffers are worked on: on the host, on the
 // device buffers themselves (resident: pyring's kernels and device links, ordered on the
-// device's stream), or staged through pinned host memory. The bindings turn a call into a
+// device's stream), staged through pinned host memory, or zero-copy on symmetric memory
+// (collectives/zero_copy.h: ranks read each other's mappings). The bindings turn a call into a
 // CallDesc, ask place() and run the plan it returns; they hold no such decision themselves.
 // The algorithm is the selector's (collectives/selector.h), decided when the collective runs.
 #pragma once
@@ -12,8 +13,8 @@
 
 namespace pyring {
 
-enum class Placement : int { kHost = 0, kResident = 1, kStaged = 2 };
-const char* placement_name(Placement p);  // "host", "resident", "staged"
+enum class Placement : int { kHost = 0, kResident = 1, kStaged = 2, kZeroCopy = 3 };
+const char* placement_name(Placement p);  // "host", "resident", "staged", "zero-copy"
 
 // What the planner needs of a call.
 enum class CallKind : int {
@@ -32,6 +33,10 @@ struct CallDesc {
   DType dtype = DType::kFloat32;
   Algo algo = Algo::kAuto;  // the call's algorithm, or the communicator's
   Wire wire = Wire::kFp32;
+  // The buffer the peers would read (all_reduce's and reduce_scatter's input, all_gather's
+  // input, broadcast's buffer): zero-copy when it lies in symmetric memory.
+  const void* read = nullptr;
+  size_t read_bytes = 0;
 };
 
 struct Plan {

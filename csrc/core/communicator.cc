@@ -242,6 +242,7 @@ void Communicator::give_up(const CommError& e, const std::string& prefix) {
   std::string cause = relayed ? std::string(relayed + std::strlen(kGaveUpBecause))
                               : str_cat("rank ", rank_, " failed in ", prefix, e.what());
   p2p_->announce_abort(cause);
+  if (symmetric_) symmetric_->abort();
   for (auto& l : links_) {
     if (l) l->abort();
   }
@@ -262,6 +263,11 @@ void Communicator::failed(bool timed_out, const std::string& what) {
 void Communicator::count_call(Algo algo) {
   calls_.by_algo[static_cast<size_t>(algo)].fetch_add(1, std::memory_order_relaxed);
   recorder_.set_algo(algo_name(algo));
+}
+
+void Communicator::enable_symmetric(std::vector<int> local, std::string job) {
+  PYRING_CHECK_ARG(!symmetric_, "symmetric memory is enabled once, at init");
+  symmetric_ = std::make_unique<SymmetricHeap>(rank_, std::move(local), std::move(job));
 }
 
 void Communicator::run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {

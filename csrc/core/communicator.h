@@ -17,6 +17,7 @@
 #include "core/host_memory.h"
 #include "core/p2p.h"
 #include "core/progress.h"
+#include "core/symmetric.h"
 #include "core/topology.h"
 #include "core/types.h"
 #include "kernels/dispatch.h"
@@ -130,6 +131,11 @@ class Communicator {
   // Null where there is no device link to `peer`.
   Link* device_link(int peer) const;
 
+  // Symmetric memory (core/symmetric.h) over `local`, this host's ranks, with segments named
+  // after `job`: made once, at init; null before (then no tensor is symmetric).
+  void enable_symmetric(std::vector<int> local, std::string job);
+  SymmetricHeap* symmetric() const { return symmetric_.get(); }
+
   // Scratch memory for the collective that runs now; valid until the next call (a larger
   // request may move it and does not keep its contents).
   uint8_t* scratch(size_t bytes);
@@ -219,6 +225,7 @@ class Communicator {
   mutable std::mutex device_mu_;
   std::vector<std::shared_ptr<DeviceQueue>> device_queues_;  // guarded by device_mu_
   std::shared_ptr<P2pEngine> p2p_;
+  std::unique_ptr<SymmetricHeap> symmetric_;  // set at init, before any collective
   ProgressEngine engine_;  // last: its thread stops before the links go away
 };
 

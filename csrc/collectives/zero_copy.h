@@ -1,0 +1,47 @@
+// The zero-copy collectives on symmetric host memory (core/symmetric.h), for a communicator
+// whose ranks all share this host: each rank reads its peers' data straight from their
+// mappings and writes only its own memory. No slot and no link carries data.
+//
+// Ordering: each rank raises its phase counter in its control page; a rank reads a peer's
+// memory only after that peer raised the phase saying the data is there, and returns only
+// after every peer raised the phase saying it no longer reads this rank's memory for the
+// call. On entering, each rank posts the call's description (kind, allocation, offset, bytes,
+// dtype, op, root) and checks those of the peers it reads from: a disagreement fails every
+// rank at once, naming both calls, and so does a peer that took the slot path for the same
+// collective.
+#pragma once
+
+#include <cstddef>
+
+#include "core/communicator.h"
+#include "core/symmetric.h"
+#include "core/types.h"
+
+namespace pyring {
+
+// All-reduces at or below this many bytes run one-shot (each rank reduces the whole buffer
+// from every mapping: two rounds of flags); larger ones two-shot (each rank reduces its chunk,
+// then copies the others' reduced chunks: three rounds, 1/N of the reads each).
+constexpr size_t kOneShotBytes = 64 << 10;
+
+// Whether `comm` can run zero-copy collectives: every rank is on this host and symmetric
+// memory is mapped.
+bool zero_copy_possible(const Communicator& comm);
+
+// out = op over ranks of in. `in` lies in symmetric memory (span `si`); `so` is out's span, or
+// empty where out is private (then the call runs one-shot at any size). in may be out.
+void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const SymmetricSpan& so,
+                         const BufferView& in, const BufferView& out, ReduceOp op,
+                         Deadline deadline);
+// out (count m) = op over ranks of chunk `rank` of in (count size * m); in symmetric.
+void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
+                              const BufferView& out, ReduceOp op, Deadline deadline);
+// out (count size * m) = every rank's in (count m), in rank order; in symmetric (it may be
+// chunk `rank` of out).
+void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
+                         const BufferView& out, Deadline deadline);
+// buf on every rank = buf on root; buf symmetric.
+void zero_copy_broadcast(Communicator& comm, const SymmetricSpan& sb, const BufferView& buf,
+                         int root, Deadline deadline);
+
+}  // namespace pyring

@@ -1,0 +1,287 @@
+#include "core/symmetric.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "core/communicator.h"
+#include "core/errors.h"
+
+namespace pyring {
+
+namespace {
+
+constexpr uint64_t kRecordMagic = 0x7079726d73796d31ULL;  // "pyrmsym1"
+constexpr size_t kControlBytes = 4096;
+
+// What each rank says of its allocation in the exchange: every rank checks every record.
+struct Record {
+  uint64_t magic;
+  uint64_t id;
+  uint64_t bytes;
+  int32_t rank;
+  int32_t failed;  // this rank could not make its segment; error says why
+  char what[240];
+  char error[240];
+};
+static_assert(sizeof(Record) == 512);
+
+size_t page_rounded(size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return std::max<size_t>(page, (bytes + page - 1) / page * page);
+}
+
+void copy_text(char (&dst)[240], const std::string& s) {
+  std::memset(dst, 0, sizeof dst);
+  std::memcpy(dst, s.data(), std::min(s.size(), sizeof dst - 1));
+}
+
+// Creates (O_EXCL, 0600) or opens `name`, sized `bytes`, and maps it populated.
+uint8_t* map_segment(const std::string& name, size_t bytes, bool create) {
+  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                        : shm_open(name.c_str(), O_RDWR, 0);
+  PYRING_CHECK(fd >= 0, CommError, "symmetric memory: shm_open(", name,
+               ") failed: ", std::strerror(errno));
+  void* p = MAP_FAILED;
+  std::string why;
+  struct stat st{};
+  if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    why = str_cat("ftruncate to ", bytes, " bytes: ", std::strerror(errno));
+  } else if (!create && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes)) {
+    why = str_cat("its size is ", st.st_size, " bytes, expected ", bytes);
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) why = str_cat("mmap of ", bytes, " bytes: ", std::strerror(errno));
+  }
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (create) shm_unlink(name.c_str());
+    PYRING_THROW(CommError, "symmetric memory: ", name, ": ", why);
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+bool process_gone(int32_t pid) {
+  return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+SymmetricAllocation::~SymmetricAllocation() {
+  for (uint8_t* b : bases) {
+    if (b) munmap(b, mapped);
+  }
+}
+
+SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job)
+    : rank_(rank), local_(std::move(local)), job_(std::move(job)) {
+  auto it = std::find(local_.begin(), local_.end(), rank_);
+  PYRING_CHECK_ARG(it != local_.end(), "symmetric memory: rank ", rank_,
+                   " is not among its host's ranks");
+  my_ = static_cast<int>(it - local_.begin());
+}
+
+SymmetricHeap::~SymmetricHeap() {
+  for (SymmetricControl* c : controls_) {
+    if (c) munmap(c, kControlBytes);
+  }
+}
+
+std::string SymmetricHeap::name_of(const char* kind, uint64_t n, int rank) const {
+  return str_cat("/pyring-", job_, "-", kind, n, "-", rank);
+}
+
+std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm, size_t bytes,
+                                                             const std::string& what,
+                                                             Deadline deadline) {
+  const uint64_t id = ++next_id_;
+  const bool first = controls_.empty();
+  auto a = std::make_shared<SymmetricAllocation>();
+  a->id = id;
+  a->bytes = bytes;
+  a->mapped = page_rounded(bytes);
+  a->bases.assign(local_.size(), nullptr);
+  std::vector<std::string> names;  // every local rank's, removed on every way out
+  for (int r : local_) names.push_back(name_of("y", id, r));
+  if (first) {
+    for (int r : local_) names.push_back(name_of("yc", 0, r));
+    controls_.assign(local_.size(), nullptr);
+  }
+  auto unlink_all = [&] {
+    for (const std::string& n : names) shm_unlink(n.c_str());
+  };
+
+  Record mine{};
+  mine.magic = kRecordMagic;
+  mine.id = id;
+  mine.bytes = bytes;
+  mine.rank = rank_;
+  copy_text(mine.what, what);
+  try {
+    if (first) {
+      controls_[my_] = reinterpret_cast<SymmetricControl*>(
+          map_segment(name_of("yc", 0, rank_), kControlBytes, true));
+      controls_[my_]->pid = static_cast<int32_t>(getpid());
+    }
+    a->bases[my_] = map_segment(name_of("y", id, rank_), a->mapped, true);
+  } catch (const std::exception& e) {
+    mine.failed = 1;
+    copy_text(mine.error, e.what());
+  }
+
+  try {
+    const int world = comm.size();
+    std::vector<Record> all(static_cast<size_t>(world));
+    allgather(comm, BufferView{&mine, sizeof mine, DType::kUInt8},
+              BufferView{all.data(), sizeof mine * all.size(), DType::kUInt8}, deadline);
+    for (const Record& r : all) {
+      PYRING_CHECK(r.magic == kRecordMagic && r.id == id, CommError, "symmetric memory: rank ",
+                   r.rank, " made allocation ", r.id, " where this rank made ", id,
+                   " (the ranks' allocations are out of step)");
+      PYRING_CHECK(!r.failed, InvalidArgument, "pyring.empty: rank ", r.rank,
+                   " could not allocate ", r.what, ": ", r.error);
+    }
+    for (const Record& r : all) {
+      PYRING_CHECK(r.bytes == all[0].bytes && std::strcmp(r.what, all[0].what) == 0,
+                   InvalidArgument,
+                   "pyring.empty is collective, with the same size and dtype on "
+                   "every rank: rank 0 called ",
+                   all[0].what, " but rank ", r.rank, " called ", r.what);
+    }
+    for (size_t li = 0; li < local_.size(); ++li) {
+      if (static_cast<int>(li) == my_) continue;
+      if (first) {
+        controls_[li] = reinterpret_cast<SymmetricControl*>(
+            map_segment(name_of("yc", 0, local_[li]), kControlBytes, false));
+      }
+      a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
+    }
+    ring_barrier(comm, deadline);  // every local rank has mapped every segment
+  } catch (...) {
+    unlink_all();
+    if (first) {
+      for (SymmetricControl*& c : controls_) {
+        if (c) munmap(c, kControlBytes);
+      }
+      controls_.clear();
+    }
+    throw;
+  }
+  unlink_all();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    allocs_.push_back(a);
+    count_.store(allocs_.size(), std::memory_order_release);
+  }
+  return a;
+}
+
+void SymmetricHeap::release(uint64_t id) {
+  std::shared_ptr<SymmetricAllocation> gone;  // unmapped outside the lock
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = allocs_.begin(); it != allocs_.end(); ++it) {
+    if ((*it)->id == id) {
+      gone = std::move(*it);
+      allocs_.erase(it);
+      break;
+    }
+  }
+  count_.store(allocs_.size(), std::memory_order_release);
+}
+
+SymmetricSpan SymmetricHeap::find(const void* data, size_t bytes) const {
+  if (!any()) return {};
+  const auto* p = static_cast<const uint8_t*>(data);
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& a : allocs_) {
+    const uint8_t* base = a->bases[static_cast<size_t>(my_)];
+    if (p >= base && p + bytes <= base + a->bytes) {
+      return SymmetricSpan{a, static_cast<size_t>(p - base)};
+    }
+  }
+  return {};
+}
+
+size_t SymmetricHeap::allocated_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t n = 0;
+  for (const auto& a : allocs_) n += a->mapped;
+  return n;
+}
+
+void SymmetricHeap::raise(uint32_t phase) {
+  SymmetricControl& c = control(static_cast<size_t>(my_));
+  c.phase.store(phase, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr,
+            nullptr, 0);
+  }
+}
+
+void SymmetricHeap::enter(uint64_t seq, bool zero_copy) {
+  if (controls_.empty()) return;
+  control(static_cast<size_t>(my_))
+      .entered.store(2 * seq + (zero_copy ? 1 : 0), std::memory_order_release);
+}
+
+void SymmetricHeap::abort() {
+  if (controls_.empty()) return;
+  SymmetricControl& c = control(static_cast<size_t>(my_));
+  c.aborted.store(1, std::memory_order_seq_cst);
+  // Peers asleep on this rank's phase wake and see it.
+  c.phase.fetch_add(0, std::memory_order_seq_cst);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadline,
+                         const char* what, uint64_t seq) {
+  SymmetricControl& c = control(li);
+  auto reached = [&](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
+  if (reached(c.phase.load(std::memory_order_acquire))) return;
+  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
+  do {
+    for (int k = 0; k < 64; ++k) {
+      if (reached(c.phase.load(std::memory_order_acquire))) return;
+      cpu_relax();
+    }
+  } while (Clock::now() < spin_until);
+  const int peer = local_[li];
+  for (;;) {
+    if (c.aborted.load(std::memory_order_acquire) != 0) {
+      throw PeerLost(
+          peer, str_cat("rank ", peer, " gave up while this rank waited for it in ", what), true);
+    }
+    if (process_gone(c.pid)) {
+      throw PeerLost(peer, str_cat("rank ", peer, " (pid ", c.pid,
+                                   ") died while this rank waited for it in ", what));
+    }
+    PYRING_CHECK(seq == 0 || c.entered.load(std::memory_order_acquire) != 2 * seq, CommError, what,
+                 ": rank ", peer,
+                 " entered this collective on the slot path (its buffer "
+                 "is not symmetric memory) while this rank's buffer is: pass pyring.empty "
+                 "tensors on every rank, or on none");
+    PYRING_CHECK(!deadline.expired(), TimeoutError, "timed out waiting for rank ", peer, " in ",
+                 what, " (zero-copy phase ", target, ", it is at ",
+                 c.phase.load(std::memory_order_relaxed), ")");
+    c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = c.phase.load(std::memory_order_seq_cst);
+    if (!reached(v) && c.aborted.load(std::memory_order_seq_cst) == 0) {
+      struct timespec ts{0, 1000000};  // 1 ms: then the peer's liveness and the deadline
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAIT, v, &ts, nullptr, 0);
+    }
+    c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(c.phase.load(std::memory_order_acquire))) return;
+  }
+}
+
+}  // namespace pyring

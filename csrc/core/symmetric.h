@@ -1,0 +1,147 @@
+// Symmetric memory on the host: allocations that every local rank of a communicator has mapped
+// (pyring.empty), and the flags that order the zero-copy collectives on them
+// (collectives/zero_copy.h).
+//
+// Each allocation is one POSIX shared-memory segment per local rank, mode 0600, named from the
+// job, the allocation's number and the rank (so a survivor can remove a dead rank's name),
+// mapped by every local rank and unlinked as soon as all have: a rank killed at any point
+// leaves no name behind once a peer has failed or finished. Freeing is local (munmap): the
+// kernel keeps the pages while a peer still maps them, and no zero-copy call returns while a
+// peer still reads this rank's memory for it, so a freed tensor is never read again.
+//
+// Each local rank also owns one control page (made with the first allocation), which holds its
+// zero-copy phase counter, the description of the call it posted, and whether it gave up.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace pyring {
+
+class Communicator;
+
+// One allocation: this rank's mapping and every local peer's, by local index.
+struct SymmetricAllocation {
+  uint64_t id = 0;
+  size_t bytes = 0;             // as asked
+  size_t mapped = 0;            // bytes of each mapping (a multiple of the page size, at least one)
+  std::vector<uint8_t*> bases;  // by local index; bases[my local index] is this rank's
+  ~SymmetricAllocation();
+};
+
+// Where a buffer lies in symmetric memory: its allocation and its offset in every mapping.
+struct SymmetricSpan {
+  std::shared_ptr<SymmetricAllocation> alloc;
+  size_t offset = 0;
+  explicit operator bool() const { return alloc != nullptr; }
+  // The same bytes in local rank `li`'s mapping.
+  uint8_t* at(size_t li) const { return alloc->bases[li] + offset; }
+};
+
+// What a rank posts on entering a zero-copy call, checked by the peers it waits for.
+struct SymmetricCall {
+  uint64_t seq = 0;  // the communicator's collective number
+  uint32_t kind = 0;
+  int32_t root = -1;
+  uint64_t alloc = 0;  // allocation id of the buffer peers read
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  int32_t dtype = -1;
+  int32_t op = -1;
+};
+
+// One local rank's control page.
+struct SymmetricControl {
+  alignas(64) std::atomic<uint32_t> phase;    // futex word: raised by its rank only
+  std::atomic<uint32_t> waiters;              // peers asleep on phase
+  alignas(64) std::atomic<uint64_t> entered;  // 2 * seq + 1 on a zero-copy call, 2 * seq else
+  SymmetricCall call;                         // written before phase is raised to enter
+  alignas(64) std::atomic<uint32_t> aborted;  // non-zero once its rank gave up
+  int32_t pid;
+};
+
+class SymmetricHeap {
+ public:
+  // `local`: the ranks of this host, this one included, in rank order; `job`: the job's id
+  // (it names the segments).
+  SymmetricHeap(int rank, std::vector<int> local, std::string job);
+  ~SymmetricHeap();
+  SymmetricHeap(const SymmetricHeap&) = delete;
+  SymmetricHeap& operator=(const SymmetricHeap&) = delete;
+
+  // Collective over the whole communicator (run it as one of its collectives): every rank
+  // allocates `bytes` described by `what` (e.g. "empty(4, 1024, dtype=float32)"). Ranks that
+  // asked differently, or a rank that could not allocate, make every rank throw
+  // InvalidArgument naming both calls (or the failure). Returns this rank's allocation.
+  std::shared_ptr<SymmetricAllocation> allocate(Communicator& comm, size_t bytes,
+                                                const std::string& what, Deadline deadline);
+  // Forgets allocation `id` (its mappings go with the last reference). Thread-safe.
+  void release(uint64_t id);
+
+  // The symmetric allocation holding [data, data + bytes) of this rank, or an empty span.
+  // Thread-safe; cheap while nothing is allocated.
+  SymmetricSpan find(const void* data, size_t bytes) const;
+  bool any() const { return count_.load(std::memory_order_acquire) != 0; }
+  size_t allocations() const { return count_.load(std::memory_order_acquire); }
+  size_t allocated_bytes() const;
+
+  int local_index() const { return my_; }
+  int local_world() const { return static_cast<int>(local_.size()); }
+  int global_rank(size_t li) const { return local_[li]; }
+  // Whether every rank of a world of `world` is on this host.
+  bool whole(int world) const { return static_cast<int>(local_.size()) == world; }
+
+  // The zero-copy flags (valid once the first allocation is made).
+  SymmetricControl& control(size_t li) const { return *controls_[li]; }
+  // Posts this rank's phase and wakes peers asleep on it.
+  void raise(uint32_t phase);
+  // Returns once local rank `li` has raised its phase to `target` or past it (phases wrap).
+  // Throws PeerLost when that rank died or gave up, TimeoutError at the deadline, and CommError
+  // when `seq` is non-zero and that rank entered collective `seq` on the slot path.
+  void wait(size_t li, uint32_t target, int spin_us, Deadline deadline, const char* what,
+            uint64_t seq = 0);
+  // Marks the entry of collective `seq` (zero_copy: whether this rank takes the zero-copy
+  // path), so that a peer on the other path is named at once.
+  void enter(uint64_t seq, bool zero_copy);
+  // This rank gave up: peers waiting on it fail at once.
+  void abort();
+  // Bytes this rank moved zero-copy (read from a peer's mapping or written for the call), ever.
+  uint64_t zero_copy_bytes() const { return moved_.load(std::memory_order_relaxed); }
+  void add_zero_copy_bytes(uint64_t b) { moved_.fetch_add(b, std::memory_order_relaxed); }
+  // Zero-copy calls run, ever: one-shot (each rank reduces the whole buffer) and the others.
+  uint64_t one_shot_calls() const { return one_shot_.load(std::memory_order_relaxed); }
+  uint64_t zero_copy_calls() const { return calls_.load(std::memory_order_relaxed); }
+  void count_call(bool one_shot) {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    if (one_shot) one_shot_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // The phase counter of this rank's next zero-copy call (each call uses 4 phases).
+  uint32_t next_base() { return base_ += 4; }
+
+ private:
+  std::string name_of(const char* kind, uint64_t n, int rank) const;
+  void map_controls(Communicator& comm, Deadline deadline);
+
+  int rank_;
+  std::vector<int> local_;
+  int my_ = 0;
+  std::string job_;
+  uint64_t next_id_ = 0;                     // written by allocate (a collective: one at a time)
+  uint32_t base_ = 0;                        // written by the running collective
+  std::vector<SymmetricControl*> controls_;  // by local index; mapped pages
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<SymmetricAllocation>> allocs_;  // guarded by mu_
+  std::atomic<size_t> count_{0};
+  std::atomic<uint64_t> moved_{0};
+  std::atomic<uint64_t> calls_{0};
+  std::atomic<uint64_t> one_shot_{0};
+};
+
+}  // namespace pyring
