@@ -22,13 +22,14 @@ from typing import Any, Callable
 PYRING_VARIANTS = {"cached": ("PYRING_SHM_COPY", "cached"),
                    "streaming": ("PYRING_SHM_COPY", "streaming"),
                    "ring": ("PYRING_ALGO", "ring"), "direct": ("PYRING_ALGO", "direct"),
-                   "tree": ("PYRING_ALGO", "tree")}
+                   "tree": ("PYRING_ALGO", "tree"), "symmetric": None}
 TCP_CHUNK = 1 << 20
 
 
-def variant_env(name: str) -> tuple[str, str]:
+def variant_env(name: str) -> tuple[str, str] | None:
     """The setting of pyring-<variant>: pyring-cached / -streaming (PYRING_SHM_COPY), pyring-tcpN
-    (PYRING_SOCKET_NSTREAMS=N), pyring-ring / -direct / -tree (PYRING_ALGO)."""
+    (PYRING_SOCKET_NSTREAMS=N), pyring-ring / -direct / -tree (PYRING_ALGO); None for
+    pyring-symmetric, whose buffers are pyring.empty tensors (the zero-copy path)."""
     variant = name.removeprefix("pyring-")
     if variant.startswith("tcp"):
         return "PYRING_SOCKET_NSTREAMS", variant.removeprefix("tcp")
@@ -107,7 +108,11 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
     comms = {"pyring": comm}
     for name in names:
         if name.startswith("pyring-"):
-            var, value = variant_env(name)
+            setting = variant_env(name)
+            if setting is None:
+                comms[name] = pyring.init(rank, world, store, set_default=False)
+                continue
+            var, value = setting
             before = os.environ.get(var)
             os.environ[var] = value
             comms[name] = pyring.init(rank, world, store, set_default=False)
@@ -133,9 +138,16 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
         # Out of place, the result lands in o; gloo has none, so its time includes o.copy_(t).
         o = torch.empty_like(t) if cfg.get("out_of_place") else t
         b = o.numpy()
+        # Each library's (input, output): pyring-symmetric's are symmetric tensors.
+        bufs = {name: (t, o) for name in names}
+        if "pyring-symmetric" in comms:
+            st = comms["pyring-symmetric"].empty(nbytes // 4)
+            bufs["pyring-symmetric"] = (st, comms["pyring-symmetric"].empty(nbytes // 4)
+                                        if o is not t else st)
         libs: dict[str, tuple[Callable, Callable]] = {
-            name: (c.barrier, (lambda t=t, c=c: c.all_reduce(t)) if o is t else
-                   (lambda t=t, c=c, o=o: c.all_reduce(t, out=o))) for name, c in comms.items()}
+            name: (c.barrier, (lambda t=bufs[name][0], c=c: c.all_reduce(t)) if o is t else
+                   (lambda t=bufs[name][0], c=c, o=bufs[name][1]: c.all_reduce(t, out=o)))
+            for name, c in comms.items()}
         if mpi is not None:
             from mpi4py import MPI
 
@@ -160,6 +172,7 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
             times = []
             sent = wire = 0
             cpu = 0.0
+            t, o = bufs[name]
             for i in range(warmup + iters):
                 t.fill_(rank + 1)
                 if o is not t:

@@ -21,7 +21,9 @@ checked (rank r contributes r+1).
 Libraries (--libs, pyring first):
 - pyring; pyring-<variant>, a communicator of its own with one setting changed: -cached and
   -streaming (PYRING_SHM_COPY), -ring, -direct and -tree (PYRING_ALGO; --algos adds them),
-  -tcpN (PYRING_SOCKET_NSTREAMS=N, N in 2..16);
+  -tcpN (PYRING_SOCKET_NSTREAMS=N, N in 2..16); -symmetric, whose buffers are pyring.empty
+  tensors (zero-copy: ranks read each other's mappings). With it, the JSON and the last line
+  also compare every row with pyring-symmetric (`X/pyring-symmetric`, runs where it is ahead);
 - gloo (torch.distributed); mpi (Open MPI through mpi4py; the ranks then start under mpirun);
 - oneccl (bench/oneccl/install.sh; its own job under Intel MPI's launcher, taking turns with
   the other libraries' job round by round; skipped, saying so, where it is not installed);
@@ -62,6 +64,7 @@ from _results import add_replace_flag, result_path
 BENCH = Path(__file__).resolve().parent
 PEERS = ("gloo", "mpi", "oneccl", "memcpy", "tcp")
 ALGOS = ("ring", "direct", "tree")
+SYMMETRIC = "pyring-symmetric"
 ONECCL_ALGO = "direct:0-1048576;ring:1048577-max"  # its best per size here; default is slow
 
 
@@ -246,10 +249,14 @@ def _summarize(entry: dict, libs: list[str]) -> dict:
     med = {lib: statistics.median(b["median_us"] for b in blocks if b["lib"] == lib)
            for lib in libs}
     ratios: dict[str, list[float]] = {lib: [] for lib in libs[1:]}
+    sym: dict[str, list[float]] = {lib: [] for lib in libs if lib != SYMMETRIC}
     for r in range(0, len(blocks), k):
         round_ = {b["lib"]: b["median_us"] for b in blocks[r:r + k]}
         for lib in ratios:
             ratios[lib].append(round_[lib] / round_["pyring"])
+        if SYMMETRIC in libs:
+            for lib in sym:
+                sym[lib].append(round_[lib] / round_[SYMMETRIC])
     across = {lib: statistics.median(b["sent_across_per_call"] for b in blocks
                                      if b["lib"] == lib) for lib in libs}
     wire = {lib: statistics.median(b["wire_per_call"] for b in blocks if b["lib"] == lib)
@@ -261,6 +268,8 @@ def _summarize(entry: dict, libs: list[str]) -> dict:
             "algbw_GBps": {lib: entry["bytes"] / (us * 1e3) for lib, us in med.items()},
             "ratio_over_pyring": ratios,
             "median_ratio": {lib: statistics.median(v) for lib, v in ratios.items()},
+            "median_ratio_over_symmetric": ({lib: statistics.median(v) for lib, v in sym.items()}
+                                            if SYMMETRIC in libs else None),
             "sent_across_per_call": across, "wire_per_call": wire}
 
 
@@ -274,6 +283,11 @@ def _ahead(sizes: list[dict]) -> bool:
 def _ahead_of(sizes: list[dict], lib: str) -> bool:
     """pyring is ahead of row `lib` at every size of one run."""
     return all(e["median_ratio"][lib] > 1.0 for e in sizes)
+
+
+def _symmetric_ahead_of(sizes: list[dict], lib: str) -> bool:
+    """pyring-symmetric is ahead of row `lib` at every size of one run."""
+    return all(e["median_ratio_over_symmetric"][lib] > 1.0 for e in sizes)
 
 
 def _ahead_line(libs: list[str], runs: list[list[dict]]) -> str:
@@ -404,10 +418,25 @@ def main() -> int:
                "pyring_ahead_runs": sum(_ahead(r) for r in runs),
                "pyring_ahead_runs_by_row": {lib: sum(_ahead_of(r, lib) for r in runs)
                                             for lib in args.libs[1:]}}
+    if SYMMETRIC in args.libs:
+        peers = [lib for lib in args.libs if lib in ("gloo", "mpi", "oneccl")]
+        summary["symmetric_ahead_runs_by_row"] = {
+            lib: sum(_symmetric_ahead_of(r, lib) for r in runs) for lib in peers + ["pyring"]}
+        if "memcpy" in args.libs:
+            # pyring-symmetric's speed as a fraction of memcpy's, per run at the largest size.
+            summary["symmetric_over_memcpy_speed"] = [
+                r[-1]["median_ratio_over_symmetric"]["memcpy"] for r in runs]
     result.write_text(json.dumps(summary, indent=1) + "\n")
     wrong = sum(_print(args, sizes, where) for sizes in runs)
     print(f"# load {args.load}: memcpy {quiet_memcpy:.1f} GB/s quiet, {loaded_memcpy:.1f} GB/s "
           f"under it; pyring ahead at every size of {_ahead_line(args.libs, runs)} run(s)")
+    if SYMMETRIC in args.libs:
+        print("# pyring-symmetric ahead at every size of: " + "; ".join(
+            f"{lib} in {n} of {len(runs)}"
+            for lib, n in summary["symmetric_ahead_runs_by_row"].items()) + " run(s)")
+        if "symmetric_over_memcpy_speed" in summary:
+            print("# pyring-symmetric's speed over memcpy's at the largest size, per run: "
+                  + ", ".join(f"{x:.2f}" for x in summary["symmetric_over_memcpy_speed"]))
     print(f"# json: {result}")
     return 1 if wrong else 0
 

@@ -24,7 +24,7 @@ void run_host_allreduce(Communicator& comm, const CollectiveDesc& desc, const Bu
   const DeviceArgs host;
   const CallDesc call = call_of(CallKind::kAllReduce, "all_reduce", v, host, algo);
   const Placement where = place(comm, call).placement;
-  if (where == Placement::kHost && !(comm.symmetric() && comm.symmetric()->any())) {
+  if (where == Placement::kHost && !(comm.symmetric() && comm.symmetric()->active())) {
     comm.run_sync(desc, [&comm, &v, op, algo](Deadline d) { allreduce(comm, v, v, op, algo, d); });
     return;
   }
@@ -102,7 +102,7 @@ Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& des
     case Placement::kZeroCopy: {
       PYRING_CHECK(bodies.host != nullptr, Error, missing());
       std::function<void(Deadline)> body = std::move(bodies.host);
-      if (comm.symmetric() && comm.symmetric()->any()) {
+      if (comm.symmetric() && comm.symmetric()->active()) {
         // Peers on the zero-copy path learn at once that this rank took the other one.
         body = [&comm, zero = where == Placement::kZeroCopy, b = std::move(body)](Deadline d) {
           comm.symmetric()->enter(comm.seq(), zero);

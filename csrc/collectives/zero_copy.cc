@@ -33,7 +33,7 @@ class Call {
         me_(heap_.local_index()) {
     heap_.enter(seq_, true);
     base_ = heap_.next_base();
-    SymmetricCall& c = heap_.control(me_).call;
+    SymmetricCall& c = heap_.control(me_).call[parity()];
     c.seq = seq_;
     c.kind = kind;
     c.root = root;
@@ -42,9 +42,21 @@ class Call {
     c.bytes = bytes;
     c.dtype = static_cast<int32_t>(dtype);
     c.op = op;
-    heap_.raise(base_ + 1);
   }
 
+  // Enters: this rank's data is in place for the peers.
+  void start() { heap_.raise(base_ + 1); }
+  // This rank's staging area for this call (the two alternate), once every peer has entered
+  // the call before, and so is done reading it for the call before that.
+  uint8_t* own_staging() {
+    if (heap_.zero_copy_calls() > 1) {
+      for (int li = 0; li < n_; ++li) {
+        if (li != me_) heap_.wait(static_cast<size_t>(li), base_ - 3, spin_us_, deadline_, what_);
+      }
+    }
+    return heap_.staging(static_cast<size_t>(me_), parity());
+  }
+  uint8_t* staging(int li) const { return heap_.staging(static_cast<size_t>(li), parity()); }
   int world() const { return n_; }
   int me() const { return me_; }
   void post(uint32_t k) { heap_.raise(base_ + k); }
@@ -59,20 +71,25 @@ class Call {
     }
   }
   void moved(size_t bytes) { heap_.add_zero_copy_bytes(bytes); }
+  // The offset local rank li posted (valid after its entry phase).
+  size_t offset_of(int li) const { return heap_.control(li).call[parity()].offset; }
   void count(bool one_shot) { heap_.count_call(one_shot); }
 
  private:
+  uint32_t parity() const { return (base_ / 4) & 1; }
   void check(int li) const {
-    const SymmetricCall& mine = heap_.control(me_).call;
-    const SymmetricCall& theirs = heap_.control(li).call;
+    const SymmetricCall& mine = heap_.control(me_).call[parity()];
+    const SymmetricCall& theirs = heap_.control(li).call[parity()];
     auto text = [](const SymmetricCall& c) {
       return str_cat("{collective #", c.seq, ", kind ", c.kind, ", allocation ", c.alloc,
                      " at offset ", c.offset, ", ", c.bytes, " bytes, dtype ", c.dtype, ", op ",
                      c.op, ", root ", c.root, "}");
     };
+    // all_gather's inputs may lie at different offsets (each rank's own chunk of the output).
+    const bool same_offset = mine.kind == kAllGather || theirs.offset == mine.offset;
     PYRING_CHECK(theirs.seq == mine.seq && theirs.kind == mine.kind && theirs.alloc == mine.alloc &&
-                     theirs.offset == mine.offset && theirs.bytes == mine.bytes &&
-                     theirs.dtype == mine.dtype && theirs.op == mine.op && theirs.root == mine.root,
+                     same_offset && theirs.bytes == mine.bytes && theirs.dtype == mine.dtype &&
+                     theirs.op == mine.op && theirs.root == mine.root,
                  CommError, what_, ": ranks disagree on the zero-copy call: rank ",
                  heap_.global_rank(static_cast<size_t>(li)), " posted ", text(theirs),
                  ", this rank ", text(mine));
@@ -122,8 +139,9 @@ void reduce_sources(DType dtype, ReduceOp op, const std::vector<const uint8_t*>&
 
 // Element ranges of the two-shot chunks: rank r owns [first(r), first(r + 1)).
 size_t chunk_first(size_t count, int world, int r) {
-  const size_t per = (count / static_cast<size_t>(world) + 15) / 16 * 16;  // whole cache lines
-  return std::min(count, per * static_cast<size_t>(r));
+  const size_t w = static_cast<size_t>(world);
+  const size_t per = ((count + w - 1) / w + 15) / 16 * 16;  // whole lines; per * world >= count
+  return std::min(count, per * static_cast<size_t>(r));     // the last ends at count
 }
 
 }  // namespace
@@ -138,39 +156,51 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
                          Deadline deadline) {
   const size_t bytes = in.bytes(), es = dtype_size(in.dtype), n = in.count;
   const bool in_place = in.data == out.data;
-  const bool one_shot = bytes <= kOneShotBytes || (!in_place && !so);
+  const bool staged = bytes <= kOneShotBytes;
+  const bool one_shot = staged || (!in_place && !so);
   Call call(comm, "zero-copy all_reduce", kAllReduce, si, bytes, in.dtype, static_cast<int>(op), -1,
             deadline);
   const int w = call.world(), me = call.me();
   call.count(one_shot);
-  const size_t acc_bytes = kTileBytes;
-  if (one_shot) {
-    // Every rank reduces the whole buffer in rank order (so all get the same bits), into
-    // scratch when in place, since peers still read this rank's buffer.
-    uint8_t* scratch = comm.scratch(acc_bytes + (in_place ? bytes : 0));
-    uint8_t* result = in_place ? scratch + acc_bytes : static_cast<uint8_t*>(out.data);
-    std::vector<const uint8_t*> srcs;
+  comm.log_once(1, str_cat("zero-copy/all_reduce/", staged, "/", one_shot), [&] {
+    return str_cat("all_reduce ", bytes, " B: zero-copy ",
+                   staged     ? "one-shot from each rank's staging area (small: one round of flags)"
+                   : one_shot ? "one-shot (a private output)"
+                              : "two-shot (each rank reduces its chunk, then copies the others')");
+  });
+  uint8_t* acc = comm.scratch(kTileBytes);
+  std::vector<const uint8_t*> srcs;
+  if (staged) {
+    // Each rank copies its input into its staging area, so it may write its own buffer at once:
+    // no peer reads the buffer, and the call needs no round after the reduction.
+    if (bytes > 0) kern::copy(kHost, call.own_staging(), in.data, bytes);
+    call.start();
+    for (int li = 0; li < w; ++li) srcs.push_back(call.staging(li));
+    call.wait_all(1);
+    if (n > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
+    call.moved(bytes * static_cast<size_t>(w - 1));
+    return;
+  }
+  call.start();
+  if (one_shot) {  // into the private output, in rank order, reading the peers' inputs
     for (int li = 0; li < w; ++li) srcs.push_back(si.at(static_cast<size_t>(li)));
     call.wait_all(1);
-    reduce_sources(in.dtype, op, srcs, result, n, w, scratch);
-    call.post(2);  // done reading the peers' buffers
+    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
+    call.post(2);  // done reading the peers' inputs
     call.moved(bytes * static_cast<size_t>(w - 1));
     call.wait_all(2);
-    if (in_place) kern::copy(kHost, out.data, result, bytes);
     return;
   }
   // Two-shot: rank r reduces chunk r into its own output, then copies the others' chunks.
   const SymmetricSpan& dst = in_place ? si : so;
   const size_t f = chunk_first(n, w, me), l = chunk_first(n, w, me + 1);
-  std::vector<const uint8_t*> srcs;  // the peers in rank order, this rank's own last
-  for (int li = 0; li < w; ++li) {
+  for (int li = 0; li < w; ++li) {  // the peers in rank order, this rank's own last
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }
   srcs.push_back(static_cast<const uint8_t*>(in.data) + f * es);
-  uint8_t* scratch = comm.scratch(acc_bytes);
   call.wait_all(1);
   if (l > f) {
-    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data) + f * es, l - f, w, scratch);
+    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data) + f * es, l - f, w, acc);
   }
   call.post(2);  // this rank's chunk is reduced, and it reads the peers' inputs no more
   call.wait_all(2);
@@ -196,6 +226,7 @@ void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const
             static_cast<int>(op), -1, deadline);
   const int w = call.world(), me = call.me();
   call.count(false);
+  call.start();
   const size_t f = static_cast<size_t>(me) * m;
   std::vector<const uint8_t*> srcs;
   for (int li = 0; li < w; ++li) {
@@ -216,6 +247,7 @@ void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const Buff
   Call call(comm, "zero-copy all_gather", kAllGather, si, bytes, in.dtype, -1, -1, deadline);
   const int w = call.world(), me = call.me();
   call.count(false);
+  call.start();
   call.wait_all(1);
   auto* o = static_cast<uint8_t*>(out.data);
   if (o + static_cast<size_t>(me) * bytes != in.data && bytes > 0) {
@@ -223,7 +255,8 @@ void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const Buff
   }
   for (int li = 0; li < w; ++li) {
     if (li != me && bytes > 0) {
-      kern::copy(kHost, o + static_cast<size_t>(li) * bytes, si.at(static_cast<size_t>(li)), bytes);
+      kern::copy(kHost, o + static_cast<size_t>(li) * bytes,
+                 si.alloc->bases[static_cast<size_t>(li)] + call.offset_of(li), bytes);
     }
   }
   call.post(2);
@@ -237,6 +270,7 @@ void zero_copy_broadcast(Communicator& comm, const SymmetricSpan& sb, const Buff
   Call call(comm, "zero-copy broadcast", kBroadcast, sb, bytes, buf.dtype, -1, root, deadline);
   const int me = call.me();
   call.count(false);
+  call.start();
   if (me == root) {  // every peer has copied the root's buffer
     call.wait_all(1);
     call.wait_all(2);

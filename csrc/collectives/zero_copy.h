@@ -19,10 +19,13 @@
 
 namespace pyring {
 
-// All-reduces at or below this many bytes run one-shot (each rank reduces the whole buffer
-// from every mapping: two rounds of flags); larger ones two-shot (each rank reduces its chunk,
-// then copies the others' reduced chunks: three rounds, 1/N of the reads each).
+// All-reduces at or below this many bytes (at most kStagingBytes) run one-shot from the
+// ranks' staging areas: each rank copies its input into its own, raises one flag, and reduces
+// the whole buffer from every rank's area into its output (one round of flags; no peer ever
+// reads the caller's buffer). Larger ones run two-shot on the buffers themselves: each rank
+// reduces its chunk from every mapping, then copies the others' reduced chunks (three rounds).
 constexpr size_t kOneShotBytes = 64 << 10;
+static_assert(kOneShotBytes <= kStagingBytes);
 
 // Whether `comm` can run zero-copy collectives: every rank is on this host and symmetric
 // memory is mapped.
@@ -37,7 +40,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
 void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
                               const BufferView& out, ReduceOp op, Deadline deadline);
 // out (count size * m) = every rank's in (count m), in rank order; in symmetric (it may be
-// chunk `rank` of out).
+// chunk `rank` of out: the ranks' inputs may lie at different offsets of one allocation).
 void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
                          const BufferView& out, Deadline deadline);
 // buf on every rank = buf on root; buf symmetric.

@@ -21,7 +21,8 @@ namespace pyring {
 namespace {
 
 constexpr uint64_t kRecordMagic = 0x7079726d73796d31ULL;  // "pyrmsym1"
-constexpr size_t kControlBytes = 4096;
+constexpr size_t kControlBytes = 4096 + 2 * kStagingBytes;
+static_assert(sizeof(SymmetricControl) <= 4096);
 
 // What each rank says of its allocation in the exchange: every rank checks every record.
 struct Record {
@@ -113,7 +114,7 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   std::vector<std::string> names;  // every local rank's, removed on every way out
   for (int r : local_) names.push_back(name_of("y", id, r));
   if (first) {
-    for (int r : local_) names.push_back(name_of("yc", 0, r));
+    for (int r : local_) names.push_back(name_of("yc", id, r));
     controls_.assign(local_.size(), nullptr);
   }
   auto unlink_all = [&] {
@@ -129,7 +130,7 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   try {
     if (first) {
       controls_[my_] = reinterpret_cast<SymmetricControl*>(
-          map_segment(name_of("yc", 0, rank_), kControlBytes, true));
+          map_segment(name_of("yc", id, rank_), kControlBytes, true));
       controls_[my_]->pid = static_cast<int32_t>(getpid());
     }
     a->bases[my_] = map_segment(name_of("y", id, rank_), a->mapped, true);
@@ -161,7 +162,7 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
       if (static_cast<int>(li) == my_) continue;
       if (first) {
         controls_[li] = reinterpret_cast<SymmetricControl*>(
-            map_segment(name_of("yc", 0, local_[li]), kControlBytes, false));
+            map_segment(name_of("yc", id, local_[li]), kControlBytes, false));
       }
       a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
     }
@@ -177,6 +178,7 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
     throw;
   }
   unlink_all();
+  active_.store(true, std::memory_order_release);
   {
     std::lock_guard<std::mutex> g(mu_);
     allocs_.push_back(a);

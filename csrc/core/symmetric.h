@@ -9,8 +9,9 @@
 // kernel keeps the pages while a peer still maps them, and no zero-copy call returns while a
 // peer still reads this rank's memory for it, so a freed tensor is never read again.
 //
-// Each local rank also owns one control page (made with the first allocation), which holds its
-// zero-copy phase counter, the description of the call it posted, and whether it gave up.
+// Each local rank also owns one control segment (made with the first allocation): a page that
+// holds its zero-copy phase counter, the description of the call it posted and whether it gave
+// up, then two staging areas of kStagingBytes that small all-reduces copy their input into.
 #pragma once
 
 #include <atomic>
@@ -62,10 +63,15 @@ struct SymmetricControl {
   alignas(64) std::atomic<uint32_t> phase;    // futex word: raised by its rank only
   std::atomic<uint32_t> waiters;              // peers asleep on phase
   alignas(64) std::atomic<uint64_t> entered;  // 2 * seq + 1 on a zero-copy call, 2 * seq else
-  SymmetricCall call;                         // written before phase is raised to enter
+  // By the parity of its zero-copy calls (a peer may enter the next call before this rank
+  // has read the description of the last): written before phase is raised to enter.
+  SymmetricCall call[2];
   alignas(64) std::atomic<uint32_t> aborted;  // non-zero once its rank gave up
   int32_t pid;
 };
+
+// Bytes of each of a rank's two staging areas.
+constexpr size_t kStagingBytes = 64 << 10;
 
 class SymmetricHeap {
  public:
@@ -89,6 +95,9 @@ class SymmetricHeap {
   // Thread-safe; cheap while nothing is allocated.
   SymmetricSpan find(const void* data, size_t bytes) const;
   bool any() const { return count_.load(std::memory_order_acquire) != 0; }
+  // Whether the control pages are mapped (the first allocation was made): from then on every
+  // collective says which path it took (enter).
+  bool active() const { return active_.load(std::memory_order_acquire); }
   size_t allocations() const { return count_.load(std::memory_order_acquire); }
   size_t allocated_bytes() const;
 
@@ -100,6 +109,10 @@ class SymmetricHeap {
 
   // The zero-copy flags (valid once the first allocation is made).
   SymmetricControl& control(size_t li) const { return *controls_[li]; }
+  // Staging area `k` (0 or 1) of local rank li, kStagingBytes long.
+  uint8_t* staging(size_t li, uint32_t k) const {
+    return reinterpret_cast<uint8_t*>(controls_[li]) + 4096 + k * kStagingBytes;
+  }
   // Posts this rank's phase and wakes peers asleep on it.
   void raise(uint32_t phase);
   // Returns once local rank `li` has raised its phase to `target` or past it (phases wrap).
@@ -139,6 +152,7 @@ class SymmetricHeap {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<SymmetricAllocation>> allocs_;  // guarded by mu_
   std::atomic<size_t> count_{0};
+  std::atomic<bool> active_{false};
   std::atomic<uint64_t> moved_{0};
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> one_shot_{0};

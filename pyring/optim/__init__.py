@@ -26,6 +26,15 @@ from .compression import GradientExchange
 _FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
 
 
+def _symmetric_buckets(comm: Any, p0: Any) -> bool:
+    """Buckets are symmetric tensors (pyring.empty) where their exchange can run zero-copy:
+    CPU parameters and a pyring communicator of more than one rank, all on this host."""
+    from ..communicator import Communicator
+
+    return (isinstance(comm, Communicator) and p0.device.type == "cpu"
+            and comm.world_size > 1 and comm.local_world_size == comm.world_size)
+
+
 class _Bucket:
     """Gradients of one dtype, flattened: the parameters' slots, then one flag per parameter
     (1 where the rank has a gradient for it, else 0)."""
@@ -94,7 +103,11 @@ class _GradSync:
         self.slots: list[Any] = [None] * len(params)  # per parameter: its view into a bucket
         for b in self.buckets:
             p0 = params[b.members[0]]
-            b.buf = torch.zeros(b.numel + len(b.members), dtype=p0.dtype, device=p0.device)
+            n = b.numel + len(b.members)
+            if _symmetric_buckets(comm, p0):  # every rank makes the same buckets, in order
+                b.buf = comm.empty(n, dtype=p0.dtype)  # zeroed; its all_reduce is zero-copy
+            else:
+                b.buf = torch.zeros(n, dtype=p0.dtype, device=p0.device)
             b.missing = len(b.members)
             for i, off in zip(b.members, b.offsets):
                 p = params[i]

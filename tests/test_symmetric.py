@@ -1,0 +1,286 @@
+"""Symmetric memory (pyring.empty) and the zero-copy collectives on it
+(csrc/core/symmetric.h, csrc/collectives/zero_copy.h)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from cases import DTYPES, OPS, expected, rank_input
+
+from pyring.launch import run_ranks
+
+# 0, 1, fewer than 5 ranks, odd, and past the one-shot size (two-shot) for every dtype.
+COUNTS = (1, 3, 1001, 40_003)
+
+
+def _segments() -> set[str]:
+    """The names of pyring's symmetric segments in /dev/shm."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("pyring-") and "-y" in n}
+
+
+def _check(bad: list, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if not torch.equal(got, want):
+        diff = (got.to(torch.float64) != want.to(torch.float64)).nonzero()
+        bad.append(f"{what}: {diff.numel()} wrong, first at {diff[:3].flatten().tolist()}")
+
+
+def _sym(comm, src: torch.Tensor) -> torch.Tensor:
+    t = comm.empty(*src.shape, dtype=src.dtype)
+    t.copy_(src)
+    return t
+
+
+def matrix_body(rank, world, store):
+    import pyring
+
+    bad: list[str] = []
+    comm = pyring.init(rank, world, store, set_default=False)
+    comm.reset_stats()
+    calls = 0
+    made = [0]  # allocations
+    allocate = comm.empty
+
+    def counted(*size, **kw):
+        made[0] += 1
+        return allocate(*size, **kw)
+
+    comm.empty = counted
+    for count in COUNTS:
+        for dtype in DTYPES:
+            for op in OPS:
+                want = expected(op, world, count, dtype)
+                x = _sym(comm, rank_input(op, rank, count, dtype))
+                comm.all_reduce(x, op=op)
+                _check(bad, f"in-place all_reduce {op} {dtype} n={count}", x, want)
+                x = _sym(comm, rank_input(op, rank, count, dtype))
+                out = comm.empty(count, dtype=dtype)
+                comm.all_reduce(x, op=op, out=out)
+                _check(bad, f"all_reduce into symmetric {op} {dtype} n={count}", out, want)
+                out = torch.full_like(x, 9)
+                comm.all_reduce(x, op=op, out=out)
+                _check(bad, f"all_reduce into private {op} {dtype} n={count}", out, want)
+                _check(bad, f"input kept {op} {dtype} n={count}", x,
+                       rank_input(op, rank, count, dtype))
+                full = expected(op, world, world * count, dtype)
+                mine = full[rank * count:(rank + 1) * count]
+                x = _sym(comm, rank_input(op, rank, world * count, dtype))
+                out = torch.zeros(count, dtype=dtype)
+                comm.reduce_scatter_tensor(out, x, op=op)
+                _check(bad, f"reduce_scatter {op} {dtype} n={count}", out, mine)
+                comm.reduce_scatter_tensor(x[rank * count:(rank + 1) * count], x, op=op)
+                _check(bad, f"in-place reduce_scatter {op} {dtype} n={count}",
+                       x[rank * count:(rank + 1) * count], mine)
+                calls += 5
+            piece = _sym(comm, rank_input("sum", rank, count, dtype))
+            want = torch.cat([rank_input("sum", r, count, dtype) for r in range(world)])
+            out = torch.zeros(world * count, dtype=dtype)
+            comm.all_gather_into_tensor(out, piece)
+            _check(bad, f"all_gather {dtype} n={count}", out, want)
+            out = comm.empty(world * count, dtype=dtype)
+            out[rank * count:(rank + 1) * count] = piece
+            comm.all_gather_into_tensor(out, out[rank * count:(rank + 1) * count])
+            _check(bad, f"in-place all_gather {dtype} n={count}", out, want)
+            for src in range(world):
+                t = _sym(comm, torch.full((count,), rank + 1, dtype=dtype))
+                comm.broadcast(t, src=src)
+                _check(bad, f"broadcast {dtype} n={count} src={src}", t,
+                       torch.full((count,), src + 1, dtype=dtype))
+            calls += 2 + world
+    xs = [_sym(comm, torch.full((5000,), float(rank + k))) for k in range(4)]
+    works = [comm.all_reduce(x, async_op=True) for x in xs]
+    for k, (x, w) in enumerate(zip(xs, works)):
+        w.wait(timeout=60)
+        _check(bad, f"async #{k}", x, torch.full((5000,), float(sum(r + k for r in range(world)))))
+    calls += 4
+    stats = comm.stats()
+    if stats["zero_copy"]["calls"] != calls:
+        bad.append(f"zero-copy calls {stats['zero_copy']} of {calls}")
+    # The links carried only the allocations' records (512 bytes per rank) and barriers.
+    n_empty = made[0]
+    if n_empty == 0 or stats["bytes_received"] > n_empty * (512 * world + 256):
+        bad.append(f"the links carried {stats['bytes_received']} bytes")
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_matrix_on_symmetric_tensors(world):
+    results = run_ranks(world, matrix_body, timeout=600)
+    for rank, bad in enumerate(results):
+        assert not bad, f"rank {rank}: {len(bad)} wrong:\n" + "\n".join(bad[:20])
+    assert not _segments()
+
+
+def mismatch_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False)
+    try:
+        comm.empty(10 + (rank == 1), dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 (the message is the result)
+        out = f"{type(e).__name__}: {e}"
+    else:
+        out = "no error"
+    # The communicator stays usable.
+    t = comm.empty(4)
+    t.fill_(rank)
+    comm.all_reduce(t)
+    return out, t.tolist()
+
+
+def test_mismatched_allocations_raise_on_every_rank_naming_both():
+    results = run_ranks(3, mismatch_body, timeout=120)
+    for msg, after in results:
+        assert "rank 0 called empty(10, dtype=float32)" in msg, msg
+        assert "rank 1 called empty(11, dtype=float32)" in msg, msg
+        assert after == [3.0] * 4
+    assert not _segments()
+
+
+def slot_mismatch_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    t = comm.empty(1000)  # collective: every rank allocates
+    if rank == 1:
+        t = torch.zeros(1000)  # but passes a private tensor
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}", time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+def test_a_rank_on_the_slot_path_fails_the_call_at_once():
+    results = run_ranks(2, slot_mismatch_body, timeout=120)
+    assert "rank 1 entered this collective on the slot path" in results[0][0], results
+    for msg, took in results:
+        assert msg != "no error"
+        assert took < 10, results
+
+
+def killed_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    t = comm.empty(100_000)
+    comm.all_reduce(t)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}", time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_killed_peer_fails_every_survivor_and_leaves_no_segment(world):
+    before = _segments()
+    results = run_ranks(world, killed_body, timeout=120, allow_failures=True)
+    for rank, r in enumerate(results):
+        if rank == 1:
+            continue
+        msg, took = r
+        assert "CommError" in msg or "PeerLost" in msg, results
+        assert took < 10, results
+    assert _segments() <= before
+
+
+def churn_body(rank, world, store, n):
+    import resource  # noqa: F401
+
+    import pyring
+
+    def level():
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return len(os.listdir("/proc/self/fd")), rss
+
+    comm = pyring.init(rank, world, store, set_default=False)
+    for _ in range(50):  # warm: the control pages, torch's and the allocator's first blocks
+        x = comm.empty(1000)
+        comm.all_reduce(x)
+    del x
+    fds0, rss0 = level()
+    for k in range(n):
+        x = comm.empty(1000 + k % 7 * 4096, dtype=torch.float32)
+        if k % 50 == 0:
+            comm.all_reduce(x)
+        del x
+    fds1, rss1 = level()
+    left = comm.stats()["symmetric_memory"]
+    comm.close()
+    return fds1 - fds0, rss1 - rss0, left
+
+
+def test_a_thousand_allocations_leave_nothing_behind():
+    before = _segments()
+    results = run_ranks(4, churn_body, 1000, timeout=300)
+    for fds, rss, left in results:
+        assert fds == 0, results
+        assert rss < 4 << 20, results  # a few MiB of allocator noise, not 1000 mappings
+        assert left == {"allocations": 0, "bytes": 0}, results
+    assert _segments() <= before
+
+
+def lifetime_body(rank, world, store):
+    import gc
+
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False)
+    t = comm.empty(2, 8)
+    view = t[1]
+    del t
+    gc.collect()
+    held = comm.stats()["symmetric_memory"]["allocations"]
+    view.fill_(rank + 1)
+    comm.all_reduce(view)  # a view of a symmetric tensor is symmetric
+    zc = comm.stats()["zero_copy"]["calls"]
+    out = view.tolist()
+    del view
+    gc.collect()
+    return held, zc, out, comm.stats()["symmetric_memory"]["allocations"]
+
+
+def test_views_keep_the_mapping_and_are_symmetric():
+    for held, zc, out, after in run_ranks(2, lifetime_body, timeout=60):
+        assert (held, zc, out, after) == (1, 1, [3.0] * 8, 0)
+
+
+def optimizer_body(rank, world, store, symmetric):
+    import pyring
+    import pyring.optim as popt
+
+    comm = pyring.init(rank, world, store, set_default=False)
+    if not symmetric:
+        popt._symmetric_buckets = lambda comm, p0: False
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = pyring.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), comm=comm,
+                                      named_parameters=model.named_parameters())
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(16, 32, generator=g)).square().mean().backward()
+        opt.step()
+    return ([p.detach().numpy().copy() for p in model.parameters()],
+            comm.stats()["zero_copy"]["calls"])
+
+
+def test_distributed_optimizer_buckets_are_symmetric_and_bitwise_equal():
+    import numpy as np
+
+    sym = run_ranks(2, optimizer_body, True, timeout=120)
+    private = run_ranks(2, optimizer_body, False, timeout=120)
+    for (ps, zc), (pp, zp) in zip(sym, private):
+        assert zc > 0 and zp == 0, (zc, zp)
+        for a, b in zip(ps, pp):
+            assert np.array_equal(a, b)
