@@ -226,7 +226,7 @@ class Communicator {
   std::vector<std::shared_ptr<DeviceQueue>> device_queues_;  // guarded by device_mu_
   std::shared_ptr<P2pEngine> p2p_;
   std::unique_ptr<SymmetricHeap> symmetric_;  // set at init, before any collective
-  ProgressEngine engine_;  // last: its thread stops before the links go away
+  ProgressEngine engine_;                     // last: its thread stops before the links go away
 };
 
 }  // namespace pyring
