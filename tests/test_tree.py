@@ -148,7 +148,8 @@ def test_counters_stats_structure():
     for rank, s in enumerate(run_ranks(2, stats_body)):
         peer = 1 - rank
         assert set(s) == {"bytes_sent", "bytes_received", "links", "calls", "p2p", "device_links",
-                          "device_host_bytes", "device_memory"}
+                          "device_host_bytes", "device_memory", "zero_copy",
+                          "symmetric_memory"}
         assert s["device_links"] == {} and s["device_host_bytes"] == 0  # host tensors only
         assert s["device_memory"] == {}
         assert s["links"][peer]["transport"] == "shm"

@@ -155,9 +155,11 @@ def all_reduce_wire(comm: Any, tensor: Any, op: str = "avg", wire: str = "fp32",
 
 def received_bytes(stats: dict) -> int:
     """The bytes this rank received in ``stats`` (Communicator.stats()): the collectives' links,
-    the point-to-point links and the blocks read single copy."""
+    the point-to-point links, the blocks read single copy and the bytes read zero-copy from
+    the peers' symmetric memory."""
     p2p = stats["p2p"]
-    return stats["bytes_received"] + p2p["bytes_received"] + p2p["single_copy_bytes"]
+    return (stats["bytes_received"] + p2p["bytes_received"] + p2p["single_copy_bytes"]
+            + stats["zero_copy"]["bytes"])
 
 
 COMPRESSIONS = ("none",) + WIRES[1:]
