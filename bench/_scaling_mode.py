@@ -41,7 +41,7 @@ def run_rank(
     """One rank of one run: per-iteration lists in seconds ("step" only for alone-LIB)."""
     dev = setup_rank(rank if local_rank is None else local_rank, cfg)
     comm = None
-    if kind in ("pyring", "alone-pyring"):
+    if kind in ("pyring", "pyring-private", "alone-pyring"):
         comm = pyring.init(rank, world, store, timeout=cfg["timeout"])
     elif kind != "compute":  # ddp-X and alone-X: torch.distributed on backend X
         dist.init_process_group(

@@ -27,7 +27,8 @@ import torch
 import pyring
 from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
-METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-nccl", "ddp-pyring-copy", "ddp-gloo-copy")
+METHODS = ("pyring", "ddp-pyring", "ddp-gloo", "ddp-nccl", "ddp-pyring-copy", "ddp-gloo-copy",
+           "pyring-private")
 LIB = {m: m.split("-")[1] if m.startswith("ddp-") else "pyring" for m in METHODS}
 LR = 1e-3
 # What a step records, in seconds: the whole step, then its phases ("waits": the sync phase).
@@ -80,12 +81,14 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
         self.net: torch.nn.Module = self.model
         self.sync: Callable[[], Any] | None = None
-        if method == "pyring":
+        if method in ("pyring", "pyring-private"):
             self.opt = pyring.DistributedOptimizer(
                 self.opt,
                 named_parameters=self.model.named_parameters(),
                 comm=comm,
                 bucket_bytes=int(cfg["bucket_mb"] * 2**20),
+                # pyring: symmetric buckets where the exchange runs zero-copy; -private: never
+                symmetric_buckets=None if method == "pyring" else False,
             )
             self.sync = self.opt.synchronize
         elif method == "lockstep":

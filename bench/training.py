@@ -10,7 +10,9 @@
         bench/results/scaling_c_w32.json --tag c --replace
 
 Both modes time one training step (bench/_train_step.py: examples/train.py's CharGPT on its
-corpus, AdamW, a fixed batch per rank) with each method: pyring (pyring.DistributedOptimizer),
+corpus, AdamW, a fixed batch per rank) with each method: pyring (pyring.DistributedOptimizer;
+its buckets are symmetric memory where every rank shares the host), pyring-private (the same
+with private buckets, symmetric_buckets=False; --methods adds it),
 ddp-pyring, ddp-gloo, ddp-nccl (DistributedDataParallel on that backend, gradients as bucket
 views), ddp-pyring-copy and ddp-gloo-copy (DDP with its defaults); beside them the bare model
 (compute) and one allreduce of the gradients' size alone with each library (alone-LIB).
@@ -88,7 +90,7 @@ OPTIONS = (
     ),
     ("comm-iters", int, None, 20, "timed allreduces per alone-LIB run"),
 )
-STEP_METHODS = tuple(m for m in METHODS if m != "ddp-nccl")
+STEP_METHODS = tuple(m for m in METHODS if m not in ("ddp-nccl", "pyring-private"))
 SCALING_METHODS = METHODS[:4] if GPUS >= 2 else METHODS[:3]
 
 

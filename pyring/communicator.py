@@ -312,7 +312,9 @@ class Communicator(PointToPoint):
         residuals, allocated outside torch's caching allocator (a level, not a counter:
         reset_stats leaves it). ``zero_copy`` counts the collectives that ran zero-copy on
         symmetric tensors (``calls``, of which ``one_shot``) and the ``bytes`` this rank read
-        from its peers' mappings for them, which bytes_received leaves out;
+        from its peers' mappings for them, which bytes_received leaves out; ``slot_schedule``
+        counts the calls on symmetric tensors that ran over the links instead (where the
+        cores are far, and every 64th call of 8 KiB and more, which times the links again);
         ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a
         level)."""
         links, calls = self._c.raw_stats()
@@ -345,6 +347,7 @@ class Communicator(PointToPoint):
             "device_memory": _C.device_memory_held(),
             "zero_copy": {"calls": sym["zero_copy_calls"] - zc0.get("zero_copy_calls", 0),
                           "one_shot": sym["one_shot_calls"] - zc0.get("one_shot_calls", 0),
+                          "slot_schedule": sym["slot_calls"] - zc0.get("slot_calls", 0),
                           "bytes": sym["zero_copy_bytes"] - zc0.get("zero_copy_bytes", 0)},
             "symmetric_memory": {"allocations": sym["symmetric_allocations"],
                                  "bytes": sym["symmetric_bytes"]},

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "collectives/collectives.h"
+#include "collectives/zero_copy.h"
 #include "core/errors.h"
 #include "device/runtime.h"
 
@@ -26,6 +27,21 @@ void run_host_allreduce(Communicator& comm, const CollectiveDesc& desc, const Bu
   const Placement where = place(comm, call).placement;
   if (where == Placement::kHost && !(comm.symmetric() && comm.symmetric()->active())) {
     comm.run_sync(desc, [&comm, &v, op, algo](Deadline d) { allreduce(comm, v, v, op, algo, d); });
+    return;
+  }
+  if (where == Placement::kZeroCopy) {  // the short path of allreduce_bodies' zero-copy body
+    const SymmetricSpan span = comm.symmetric()->find(v.data, v.bytes());
+    PYRING_CHECK(static_cast<bool>(span), Error,
+                 "all_reduce placed zero-copy off symmetric memory");
+    struct Args {
+      Communicator& comm;
+      const SymmetricSpan& span;
+      const BufferView& v;
+      ReduceOp op;
+    } args{comm, span, v, op};
+    comm.run_sync(desc, [a = &args](Deadline d) {  // one pointer: no allocation
+      zero_copy_allreduce(a->comm, a->span, a->span, a->v, a->v, a->op, d);
+    });
     return;
   }
   run_placed(comm, false, desc, call, where, host,
@@ -102,10 +118,11 @@ Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& des
     case Placement::kZeroCopy: {
       PYRING_CHECK(bodies.host != nullptr, Error, missing());
       std::function<void(Deadline)> body = std::move(bodies.host);
-      if (comm.symmetric() && comm.symmetric()->active()) {
-        // Peers on the zero-copy path learn at once that this rank took the other one.
-        body = [&comm, zero = where == Placement::kZeroCopy, b = std::move(body)](Deadline d) {
-          comm.symmetric()->enter(comm.seq(), zero);
+      if (where == Placement::kHost && comm.symmetric() && comm.symmetric()->active()) {
+        // Peers on the zero-copy path learn at once that this rank took the other one (a
+        // zero-copy call says so itself).
+        body = [&comm, b = std::move(body)](Deadline d) {
+          comm.symmetric()->enter(comm.seq(), false);
           b(d);
         };
       }

@@ -1,8 +1,10 @@
 #include "collectives/zero_copy.h"
 
 #include <algorithm>
-#include <vector>
+#include <array>
+#include <functional>
 
+#include "collectives/collectives.h"
 #include "core/errors.h"
 #include "kernels/dispatch.h"
 
@@ -11,6 +13,13 @@ namespace pyring {
 namespace {
 
 enum ZeroCopyKind : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3, kBroadcast = 4 };
+
+// Where the cores are far (vCPUs on different core complexes), reading memory a peer just
+// wrote costs more than the slots' streamed copies: 2-rank all_reduce on this machine in that
+// state took 38 us zero-copy against 9.6 us over slots at 64 KiB, 3.8 ms against 1.6 ms at
+// 16 MiB. Calls of at least kSlotsFromBytes then run the slot schedule (counted apart).
+constexpr size_t kSlotsFromBytes = 8 << 10;
+constexpr uint32_t kExploreEvery = 64;
 
 // Elements reduced per pass over the sources: small enough that the accumulator stays in cache
 // between the sources.
@@ -22,9 +31,11 @@ const KernelSite kHost{};
 // 2 and base + 3 (the algorithm's rounds); each rank raises them in order.
 class Call {
  public:
+  // `may_use_slots`: the call may run the slot schedule instead (use_slots()).
   Call(Communicator& comm, const char* what, ZeroCopyKind kind, const SymmetricSpan& span,
-       size_t bytes, DType dtype, int op, int root, Deadline deadline)
+       size_t bytes, DType dtype, int op, int root, Deadline deadline, bool may_use_slots = false)
       : heap_(*comm.symmetric()),
+        may_use_slots_(may_use_slots && bytes >= kSlotsFromBytes),
         deadline_(deadline),
         what_(what),
         spin_us_(comm.spin_us()),
@@ -42,6 +53,20 @@ class Call {
     c.bytes = bytes;
     c.dtype = static_cast<int32_t>(dtype);
     c.op = op;
+    c.far = may_use_slots_ && links_far(comm);
+    explore_ = may_use_slots_ && heap_.next_slot_candidate() % kExploreEvery == 0;
+  }
+
+  // After the entry round, alike on every rank: whether this call runs the slot schedule,
+  // because some rank's links found a peer's core far, or to let the links time their copies
+  // again (every kExploreEvery-th call), since calls that stay zero-copy time nothing.
+  bool use_slots() const {
+    if (!may_use_slots_) return false;
+    if (explore_) return true;
+    for (int li = 0; li < n_; ++li) {
+      if (heap_.control(li).call[parity()].far) return true;
+    }
+    return false;
   }
 
   // Enters: this rank's data is in place for the peers.
@@ -49,7 +74,8 @@ class Call {
   // This rank's staging area for this call (the two alternate), once every peer has entered
   // the call before, and so is done reading it for the call before that.
   uint8_t* own_staging() {
-    if (heap_.zero_copy_calls() > 1) {
+    // The call before saw every peer enter it where its entry round waited for all of them.
+    if (heap_.calls_entered() > 1 && !heap_.saw_all_enter(base_ - 4)) {
       for (int li = 0; li < n_; ++li) {
         if (li != me_) heap_.wait(static_cast<size_t>(li), base_ - 3, spin_us_, deadline_, what_);
       }
@@ -69,11 +95,17 @@ class Call {
     for (int li = 0; li < n_; ++li) {
       if (li != me_) wait(li, k);
     }
+    if (k == 1) heap_.set_saw_all_enter(base_);
   }
   void moved(size_t bytes) { heap_.add_zero_copy_bytes(bytes); }
   // The offset local rank li posted (valid after its entry phase).
   size_t offset_of(int li) const { return heap_.control(li).call[parity()].offset; }
   void count(bool one_shot) { heap_.count_call(one_shot); }
+  // Runs fn, the slot schedule of the call, instead (use_slots()).
+  void run_slots(const std::function<void(Deadline)>& fn) {
+    heap_.count_slot_call();
+    fn(deadline_);
+  }
 
  private:
   uint32_t parity() const { return (base_ / 4) & 1; }
@@ -95,7 +127,16 @@ class Call {
                  ", this rank ", text(mine));
   }
 
+  static bool links_far(Communicator& comm) {
+    for (int r = 0; r < comm.size(); ++r) {
+      if (r != comm.rank() && comm.has_link(r) && comm.link(r).peer_far()) return true;
+    }
+    return false;
+  }
+
   SymmetricHeap& heap_;
+  bool may_use_slots_;
+  bool explore_ = false;
   Deadline deadline_;
   const char* what_;
   int spin_us_;
@@ -105,10 +146,19 @@ class Call {
   uint32_t base_ = 0;
 };
 
+// The sources of a reduction, one per local rank, without an allocation per call.
+struct Sources {
+  std::array<const uint8_t*, kMaxLocalWorld> p;  // [0, n) set
+  size_t n = 0;
+  void push_back(const uint8_t* s) { p[n++] = s; }
+  size_t size() const { return n; }
+  const uint8_t* operator[](size_t i) const { return p[i]; }
+};
+
 // out[0, n) = op over srcs[k][0, n), k in the order given, tile by tile; out may be the last
 // source (element for element). `acc` holds kTileBytes of the accumulation type.
-void reduce_sources(DType dtype, ReduceOp op, const std::vector<const uint8_t*>& srcs, uint8_t* out,
-                    size_t n, int world, uint8_t* acc) {
+void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out, size_t n,
+                    int world, uint8_t* acc) {
   const size_t es = dtype_size(dtype);
   const size_t ws = dtype_size(accum_dtype(dtype));
   const size_t k = srcs.size();
@@ -156,20 +206,28 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
                          Deadline deadline) {
   const size_t bytes = in.bytes(), es = dtype_size(in.dtype), n = in.count;
   const bool in_place = in.data == out.data;
-  const bool staged = bytes <= kOneShotBytes;
+  const bool staged = bytes <= kOneShotBytes && comm.size() > 2;
   const bool one_shot = staged || (!in_place && !so);
   Call call(comm, "zero-copy all_reduce", kAllReduce, si, bytes, in.dtype, static_cast<int>(op), -1,
-            deadline);
+            deadline, true);
   const int w = call.world(), me = call.me();
-  call.count(one_shot);
-  comm.log_once(1, str_cat("zero-copy/all_reduce/", staged, "/", one_shot), [&] {
-    return str_cat("all_reduce ", bytes, " B: zero-copy ",
-                   staged     ? "one-shot from each rank's staging area (small: one round of flags)"
-                   : one_shot ? "one-shot (a private output)"
-                              : "two-shot (each rank reduces its chunk, then copies the others')");
-  });
+  auto slots = [&] {
+    call.run_slots([&](Deadline d) { allreduce(comm, in, out, op, comm.options().algo, d); });
+  };
+  auto counted = [&] {
+    call.count(one_shot);
+    if (comm.options().log_level >= 1) {  // the key costs a string per call
+      comm.log_once(1, str_cat("zero-copy/all_reduce/", staged, "/", one_shot), [&] {
+        return str_cat("all_reduce ", bytes, " B: zero-copy ",
+                       staged ? "one-shot from each rank's staging area (small: one round of flags)"
+                       : one_shot
+                           ? "one-shot (a private output)"
+                           : "two-shot (each rank reduces its chunk, then copies the others')");
+      });
+    }
+  };
   uint8_t* acc = comm.scratch(kTileBytes);
-  std::vector<const uint8_t*> srcs;
+  Sources srcs;
   if (staged) {
     // Each rank copies its input into its staging area, so it may write its own buffer at once:
     // no peer reads the buffer, and the call needs no round after the reduction.
@@ -177,14 +235,18 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     call.start();
     for (int li = 0; li < w; ++li) srcs.push_back(call.staging(li));
     call.wait_all(1);
+    if (call.use_slots()) return slots();
+    counted();
     if (n > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
     call.moved(bytes * static_cast<size_t>(w - 1));
     return;
   }
   call.start();
+  call.wait_all(1);
+  if (call.use_slots()) return slots();
+  counted();
   if (one_shot) {  // into the private output, in rank order, reading the peers' inputs
     for (int li = 0; li < w; ++li) srcs.push_back(si.at(static_cast<size_t>(li)));
-    call.wait_all(1);
     reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
     call.post(2);  // done reading the peers' inputs
     call.moved(bytes * static_cast<size_t>(w - 1));
@@ -198,7 +260,6 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }
   srcs.push_back(static_cast<const uint8_t*>(in.data) + f * es);
-  call.wait_all(1);
   if (l > f) {
     reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data) + f * es, l - f, w, acc);
   }
@@ -223,18 +284,21 @@ void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const
                               const BufferView& out, ReduceOp op, Deadline deadline) {
   const size_t es = dtype_size(in.dtype), m = out.count;
   Call call(comm, "zero-copy reduce_scatter", kReduceScatter, si, in.bytes(), in.dtype,
-            static_cast<int>(op), -1, deadline);
+            static_cast<int>(op), -1, deadline, true);
   const int w = call.world(), me = call.me();
-  call.count(false);
   call.start();
   const size_t f = static_cast<size_t>(me) * m;
-  std::vector<const uint8_t*> srcs;
+  Sources srcs;
   for (int li = 0; li < w; ++li) {
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }
   srcs.push_back(static_cast<const uint8_t*>(in.data) + f * es);
   uint8_t* scratch = comm.scratch(kTileBytes);
   call.wait_all(1);
+  if (call.use_slots()) {
+    return call.run_slots([&](Deadline d) { reduce_scatter(comm, in, out, op, d); });
+  }
+  call.count(false);
   if (m > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), m, w, scratch);
   call.post(2);
   call.moved(m * es * static_cast<size_t>(w - 1));
@@ -244,11 +308,12 @@ void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const
 void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
                          const BufferView& out, Deadline deadline) {
   const size_t bytes = in.bytes();
-  Call call(comm, "zero-copy all_gather", kAllGather, si, bytes, in.dtype, -1, -1, deadline);
+  Call call(comm, "zero-copy all_gather", kAllGather, si, bytes, in.dtype, -1, -1, deadline, true);
   const int w = call.world(), me = call.me();
-  call.count(false);
   call.start();
   call.wait_all(1);
+  if (call.use_slots()) return call.run_slots([&](Deadline d) { allgather(comm, in, out, d); });
+  call.count(false);
   auto* o = static_cast<uint8_t*>(out.data);
   if (o + static_cast<size_t>(me) * bytes != in.data && bytes > 0) {
     kern::copy(kHost, o + static_cast<size_t>(me) * bytes, in.data, bytes);

@@ -9,6 +9,11 @@
 // dtype, op, root) and checks those of the peers it reads from: a disagreement fails every
 // rank at once, naming both calls, and so does a peer that took the slot path for the same
 // collective.
+//
+// Where some rank's shm links last found a peer's core far (their timed copies stream), calls of
+// 8 KiB and more run the slot schedule over the links instead, decided alike on every rank from
+// the flags posted on entry; so does every 64th such call, so that the links time their copies
+// again. The result is the same collective; Communicator.stats() counts these apart.
 #pragma once
 
 #include <cstddef>
@@ -19,12 +24,16 @@
 
 namespace pyring {
 
-// All-reduces at or below this many bytes (at most kStagingBytes) run one-shot from the
-// ranks' staging areas: each rank copies its input into its own, raises one flag, and reduces
-// the whole buffer from every rank's area into its output (one round of flags; no peer ever
-// reads the caller's buffer). Larger ones run two-shot on the buffers themselves: each rank
-// reduces its chunk from every mapping, then copies the others' reduced chunks (three rounds).
-constexpr size_t kOneShotBytes = 64 << 10;
+// At 3 ranks and more, all-reduces at or below this many bytes (at most kStagingBytes) run
+// one-shot from the ranks' staging areas: each rank copies its input into its own, raises one
+// flag, and reduces the whole buffer from every rank's area into its output (one round of
+// flags; no peer ever reads the caller's buffer). The others run two-shot on the buffers
+// themselves: each rank reduces its chunk from every mapping, then copies the others' reduced
+// chunks (three rounds). Measured on the 2-core machine (bench/allreduce.py, 2 ranks): two-shot
+// was the faster at every size (4 KiB: 1.60 us against 1.73; 16 KiB: 2.63 against 3.85; 32 KiB:
+// 3.90 against 6.52); at 4 ranks (two per core) one-shot was at 32 KiB (78 us against 129-154)
+// and two-shot at 64 KiB (155-163 us against 220).
+constexpr size_t kOneShotBytes = 32 << 10;
 static_assert(kOneShotBytes <= kStagingBytes);
 
 // Whether `comm` can run zero-copy collectives: every rank is on this host and symmetric

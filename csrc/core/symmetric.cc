@@ -89,6 +89,8 @@ SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job)
   PYRING_CHECK_ARG(it != local_.end(), "symmetric memory: rank ", rank_,
                    " is not among its host's ranks");
   my_ = static_cast<int>(it - local_.begin());
+  PYRING_CHECK_ARG(local_.size() <= kMaxLocalWorld, "symmetric memory spans at most ",
+                   kMaxLocalWorld, " ranks of one host, not ", local_.size());
 }
 
 SymmetricHeap::~SymmetricHeap() {

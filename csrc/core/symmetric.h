@@ -56,6 +56,7 @@ struct SymmetricCall {
   uint64_t bytes = 0;
   int32_t dtype = -1;
   int32_t op = -1;
+  uint32_t far = 0;  // this rank's links found a peer's core far (not compared)
 };
 
 // One local rank's control page.
@@ -69,6 +70,9 @@ struct SymmetricControl {
   alignas(64) std::atomic<uint32_t> aborted;  // non-zero once its rank gave up
   int32_t pid;
 };
+
+// The most ranks one host's symmetric memory spans.
+constexpr size_t kMaxLocalWorld = 256;
 
 // Bytes of each of a rank's two staging areas.
 constexpr size_t kStagingBytes = 64 << 10;
@@ -135,8 +139,22 @@ class SymmetricHeap {
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (one_shot) one_shot_.fetch_add(1, std::memory_order_relaxed);
   }
+  // Calls placed zero-copy that ran the slot schedule instead (zero_copy.h).
+  uint64_t slot_calls() const { return slots_.load(std::memory_order_relaxed); }
+  void count_slot_call() { slots_.fetch_add(1, std::memory_order_relaxed); }
   // The phase counter of this rank's next zero-copy call (each call uses 4 phases).
-  uint32_t next_base() { return base_ += 4; }
+  uint32_t next_base() {
+    ++entered_;
+    return base_ += 4;
+  }
+  // Whether this rank saw every peer enter the zero-copy call of base `base` (its entry round
+  // waited for all of them), as the running collective last noted.
+  bool saw_all_enter(uint32_t base) const { return saw_all_ == base; }
+  void set_saw_all_enter(uint32_t base) { saw_all_ = base; }
+  // Numbers the calls that may run the slot schedule (zero_copy.h), alike on every rank.
+  uint64_t next_slot_candidate() { return ++candidates_; }
+  // Zero-copy calls this rank entered, ever (next_base calls).
+  uint64_t calls_entered() const { return entered_; }
 
  private:
   std::string name_of(const char* kind, uint64_t n, int rank) const;
@@ -146,8 +164,11 @@ class SymmetricHeap {
   std::vector<int> local_;
   int my_ = 0;
   std::string job_;
-  uint64_t next_id_ = 0;                     // written by allocate (a collective: one at a time)
-  uint32_t base_ = 0;                        // written by the running collective
+  uint64_t next_id_ = 0;  // written by allocate (a collective: one at a time)
+  uint32_t base_ = 0;     // written by the running collective
+  uint64_t entered_ = 0;  // written by the running collective
+  uint32_t saw_all_ = 0;
+  uint64_t candidates_ = 0;                  // written by the running collective
   std::vector<SymmetricControl*> controls_;  // by local index; mapped pages
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<SymmetricAllocation>> allocs_;  // guarded by mu_
@@ -156,6 +177,7 @@ class SymmetricHeap {
   std::atomic<uint64_t> moved_{0};
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> one_shot_{0};
+  std::atomic<uint64_t> slots_{0};
 };
 
 }  // namespace pyring

@@ -85,7 +85,8 @@ class _GradSync:
     accumulated into the gradients since the last exchange."""
 
     def __init__(self, comm: Any, params: list[Any], names: list[str], bucket_bytes: int,
-                 passes: int, as_view: bool, exchange: GradientExchange) -> None:
+                 passes: int, as_view: bool, exchange: GradientExchange,
+                 symmetric: bool = True) -> None:
         import torch
 
         self.exchange = exchange
@@ -104,7 +105,7 @@ class _GradSync:
         for b in self.buckets:
             p0 = params[b.members[0]]
             n = b.numel + len(b.members)
-            if _symmetric_buckets(comm, p0):  # every rank makes the same buckets, in order
+            if symmetric and _symmetric_buckets(comm, p0):  # the same buckets on every rank
                 b.buf = comm.empty(n, dtype=p0.dtype)  # zeroed; its all_reduce is zero-copy
             else:
                 b.buf = torch.zeros(n, dtype=p0.dtype, device=p0.device)
@@ -267,7 +268,8 @@ def _remove(handles: list[Any]) -> None:
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any = None,
                          bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1,
-                         gradient_as_bucket_view: bool = True, compression: str = "none") -> Any:
+                         gradient_as_bucket_view: bool = True, compression: str = "none",
+                         symmetric_buckets: bool | None = None) -> Any:
     """Makes ``optimizer`` average its gradients across ranks, and returns it (the same object,
     still an instance of its class, so LR schedulers and ``state_dict`` work as before).
 
@@ -300,6 +302,12 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     pyring/optim/compression.py (onebit and int8 with error-feedback residuals per bucket, in
     ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
     The per-parameter flags always travel exactly.
+
+    ``symmetric_buckets`` (default None: wherever the exchange can run zero-copy, that is CPU
+    parameters and a communicator of more than one rank, all on this host): the buckets are
+    ``pyring.empty`` tensors, so their all-reduces read the peers' buckets in place instead of
+    copying through shm slots (docs/symmetric.md); the results are the same. False: private
+    buckets.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``
@@ -363,13 +371,17 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     # Registration order, so that an error names the first parameter that differs.
     entries = [(f"parameter {n!r}", describe(p)) for n, p in zip(names[::-1], params[::-1])]
     exchange = GradientExchange(compression)
+    if symmetric_buckets not in (None, False):
+        raise ValueError(f"DistributedOptimizer: symmetric_buckets must be None (where the "
+                         f"exchange runs zero-copy) or False, got {symmetric_buckets!r}")
     entries += [("bucket_bytes", str(bucket_bytes)),
+                ("symmetric_buckets", str(symmetric_buckets)),
                 ("backward_passes_per_step", str(backward_passes_per_step)),
                 ("compression", compression)]
     check_same_on_all_ranks(comm, "DistributedOptimizer", entries)
 
     sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step,
-                     bool(gradient_as_bucket_view), exchange)
+                     bool(gradient_as_bucket_view), exchange, symmetric_buckets is None)
     ref = weakref.ref(sync)
     handles = [p.register_hook(functools.partial(_pre_hook, ref, i)) for i, p in enumerate(params)]
     handles += [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
