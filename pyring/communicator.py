@@ -313,8 +313,8 @@ class Communicator(PointToPoint):
         reset_stats leaves it). ``zero_copy`` counts the collectives that ran zero-copy on
         symmetric tensors (``calls``, of which ``one_shot``) and the ``bytes`` this rank read
         from its peers' mappings for them, which bytes_received leaves out; ``slot_schedule``
-        counts the calls on symmetric tensors that ran over the links instead (where the
-        cores are far, and every 64th call of 8 KiB and more, which times the links again);
+        counts the calls on symmetric tensors that ran over the links instead (the calls of
+        8 KiB and more time both ways and take the cheaper; docs/symmetric.md);
         ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a
         level)."""
         links, calls = self._c.raw_stats()

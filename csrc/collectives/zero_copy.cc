@@ -17,7 +17,8 @@ enum ZeroCopyKind : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 
 // Where the cores are far (vCPUs on different core complexes), reading memory a peer just
 // wrote costs more than the slots' streamed copies: 2-rank all_reduce on this machine in that
 // state took 38 us zero-copy against 9.6 us over slots at 64 KiB, 3.8 ms against 1.6 ms at
-// 16 MiB. Calls of at least kSlotsFromBytes then run the slot schedule (counted apart).
+// 16 MiB. So calls of at least kSlotsFromBytes time both schedules (SymmetricHeap's timed
+// choice) and run the slot schedule where some rank finds it the cheaper (counted apart).
 constexpr size_t kSlotsFromBytes = 8 << 10;
 constexpr uint32_t kExploreEvery = 64;
 
@@ -53,22 +54,36 @@ class Call {
     c.bytes = bytes;
     c.dtype = static_cast<int32_t>(dtype);
     c.op = op;
-    c.far = may_use_slots_ && links_far(comm);
-    explore_ = may_use_slots_ && heap_.next_slot_candidate() % kExploreEvery == 0;
-  }
-
-  // After the entry round, alike on every rank: whether this call runs the slot schedule,
-  // because some rank's links found a peer's core far, or to let the links time their copies
-  // again (every kExploreEvery-th call), since calls that stay zero-copy time nothing.
-  bool use_slots() const {
-    if (!may_use_slots_) return false;
-    if (explore_) return true;
-    for (int li = 0; li < n_; ++li) {
-      if (heap_.control(li).call[parity()].far) return true;
+    if (may_use_slots_) {
+      class_ = SymmetricHeap::size_class(bytes);
+      bytes_ = bytes;
+      c.far = heap_.prefers_slots(class_);
+      // The first 2 * kCostSamples calls of a class alternate, so that both schedules are
+      // timed from the start.
+      const uint64_t k = heap_.next_candidate(class_);
+      const uint64_t warm = 2 * SymmetricHeap::kCostSamples;
+      explore_ = k <= warm ? k % 2 == 0 : k % kExploreEvery == 0;
     }
-    return false;
   }
 
+  // After the entry round, alike on every rank: whether this call runs the slot schedule:
+  // where some rank's timed choice prefers it, except every kExploreEvery-th call of its size
+  // class (and every second of its first ones), which runs the other schedule so that its cost
+  // is timed again. Starts the call's timing.
+  bool use_slots() {
+    if (!may_use_slots_) return false;
+    bool any = false;
+    for (int li = 0; li < n_; ++li) any = any || heap_.control(li).call[parity()].far != 0;
+    slots_ = explore_ ? !any : any;
+    t0_ = Clock::now();
+    return slots_;
+  }
+  // Ends the call's timing (a call that took the other schedule's path does not time it).
+  void timed() {
+    if (!may_use_slots_ || bytes_ == 0) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_);
+    heap_.add_cost(class_, slots_, static_cast<uint64_t>(ns.count()) * 1024 / bytes_);
+  }
   // Enters: this rank's data is in place for the peers.
   void start() { heap_.raise(base_ + 1); }
   // This rank's staging area for this call (the two alternate), once every peer has entered
@@ -105,6 +120,7 @@ class Call {
   void run_slots(const std::function<void(Deadline)>& fn) {
     heap_.count_slot_call();
     fn(deadline_);
+    timed();
   }
 
  private:
@@ -127,16 +143,13 @@ class Call {
                  ", this rank ", text(mine));
   }
 
-  static bool links_far(Communicator& comm) {
-    for (int r = 0; r < comm.size(); ++r) {
-      if (r != comm.rank() && comm.has_link(r) && comm.link(r).peer_far()) return true;
-    }
-    return false;
-  }
-
   SymmetricHeap& heap_;
   bool may_use_slots_;
   bool explore_ = false;
+  bool slots_ = false;
+  int class_ = 0;
+  size_t bytes_ = 0;
+  Clock::time_point t0_{};
   Deadline deadline_;
   const char* what_;
   int spin_us_;
@@ -239,6 +252,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     counted();
     if (n > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
     call.moved(bytes * static_cast<size_t>(w - 1));
+    call.timed();
     return;
   }
   call.start();
@@ -251,6 +265,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     call.post(2);  // done reading the peers' inputs
     call.moved(bytes * static_cast<size_t>(w - 1));
     call.wait_all(2);
+    call.timed();
     return;
   }
   // Two-shot: rank r reduces chunk r into its own output, then copies the others' chunks.
@@ -278,6 +293,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   call.post(3);  // done reading the peers' outputs
   call.moved(read);
   call.wait_all(3);
+  call.timed();
 }
 
 void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
@@ -303,6 +319,7 @@ void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const
   call.post(2);
   call.moved(m * es * static_cast<size_t>(w - 1));
   call.wait_all(2);
+  call.timed();
 }
 
 void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
@@ -327,6 +344,7 @@ void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const Buff
   call.post(2);
   call.moved(bytes * static_cast<size_t>(w - 1));
   call.wait_all(2);
+  call.timed();
 }
 
 void zero_copy_broadcast(Communicator& comm, const SymmetricSpan& sb, const BufferView& buf,

@@ -10,10 +10,13 @@
 // rank at once, naming both calls, and so does a peer that took the slot path for the same
 // collective.
 //
-// Where some rank's shm links last found a peer's core far (their timed copies stream), calls of
-// 8 KiB and more run the slot schedule over the links instead, decided alike on every rank from
-// the flags posted on entry; so does every 64th such call, so that the links time their copies
-// again. The result is the same collective; Communicator.stats() counts these apart.
+// Calls of 8 KiB and more time themselves: per size class, each rank keeps the cost of its
+// last zero-copy calls and of its last calls that ran the slot schedule over the links
+// instead (the same collective). Where some rank finds the slots cheaper (the cores far apart,
+// where reading memory a peer just wrote costs more than the slots' streamed copies), every
+// rank runs the slot schedule, decided alike from the flags posted on entry; every 64th call
+// of a class (and every second of its first ten) runs the other schedule, so that both stay
+// timed. Communicator.stats() counts the slot calls apart.
 #pragma once
 
 #include <cstddef>

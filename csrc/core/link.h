@@ -72,10 +72,6 @@ class Link {
 
   // Throws CommError when the peer is known to have died or given up.
   virtual void check_peer() {}
-  // Whether the transport's timed copies last found the peer's core far from this one (a
-  // streamed copy cost under half of a cached one): reading memory the peer just wrote then
-  // costs more than a streamed copy (collectives/zero_copy.h).
-  virtual bool peer_far() const { return false; }
   // Tells the peer that this rank gave up; later calls on this link fail. The peer's link
   // throws PeerLost, and the cause travels on the p2p links (P2pEngine::announce_abort).
   virtual void abort() {}

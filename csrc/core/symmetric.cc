@@ -222,6 +222,31 @@ size_t SymmetricHeap::allocated_bytes() const {
   return n;
 }
 
+int SymmetricHeap::size_class(size_t bytes) {
+  int c = 0;
+  for (size_t b = bytes >> 13; b >= 4 && c < kSizeClasses - 1; b >>= 2) ++c;
+  return c;
+}
+
+uint64_t SymmetricHeap::Costs::median() const {
+  uint64_t v[kCostSamples];
+  std::copy(ns_per_kib, ns_per_kib + kCostSamples, v);
+  std::nth_element(v, v + kCostSamples / 2, v + kCostSamples);
+  return v[kCostSamples / 2];
+}
+
+bool SymmetricHeap::prefers_slots(int c) const {
+  const Costs& zero = costs_[c][0];
+  const Costs& slots = costs_[c][1];
+  if (zero.n < kCostSamples || slots.n < kCostSamples) return false;
+  return slots.median() * 10 < zero.median() * 9;
+}
+
+void SymmetricHeap::add_cost(int c, bool slots, uint64_t ns_per_kib) {
+  Costs& k = costs_[c][slots ? 1 : 0];
+  k.ns_per_kib[k.n++ % kCostSamples] = ns_per_kib;
+}
+
 void SymmetricHeap::raise(uint32_t phase) {
   SymmetricControl& c = control(static_cast<size_t>(my_));
   c.phase.store(phase, std::memory_order_seq_cst);

@@ -139,6 +139,15 @@ class SymmetricHeap {
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (one_shot) one_shot_.fetch_add(1, std::memory_order_relaxed);
   }
+  // The timed choice between the zero-copy and the slot schedule of the calls that may run
+  // either (zero_copy.h), per size class (a factor of 4 from 8 KiB): each schedule's cost is
+  // the median nanoseconds per KiB of its last kCostSamples calls of the class on this rank.
+  // Prefers the slots once both have samples and the slots cost under 0.9 of zero-copy.
+  static constexpr int kSizeClasses = 12;
+  static constexpr uint32_t kCostSamples = 5;
+  static int size_class(size_t bytes);
+  bool prefers_slots(int size_class) const;
+  void add_cost(int size_class, bool slots, uint64_t ns_per_kib);
   // Calls placed zero-copy that ran the slot schedule instead (zero_copy.h).
   uint64_t slot_calls() const { return slots_.load(std::memory_order_relaxed); }
   void count_slot_call() { slots_.fetch_add(1, std::memory_order_relaxed); }
@@ -151,8 +160,9 @@ class SymmetricHeap {
   // waited for all of them), as the running collective last noted.
   bool saw_all_enter(uint32_t base) const { return saw_all_ == base; }
   void set_saw_all_enter(uint32_t base) { saw_all_ = base; }
-  // Numbers the calls that may run the slot schedule (zero_copy.h), alike on every rank.
-  uint64_t next_slot_candidate() { return ++candidates_; }
+  // Numbers the calls of a size class that may run either schedule (zero_copy.h), alike on
+  // every rank (from 1).
+  uint64_t next_candidate(int size_class) { return ++candidates_[size_class]; }
   // Zero-copy calls this rank entered, ever (next_base calls).
   uint64_t calls_entered() const { return entered_; }
 
@@ -168,7 +178,7 @@ class SymmetricHeap {
   uint32_t base_ = 0;     // written by the running collective
   uint64_t entered_ = 0;  // written by the running collective
   uint32_t saw_all_ = 0;
-  uint64_t candidates_ = 0;                  // written by the running collective
+  uint64_t candidates_[kSizeClasses] = {};   // written by the running collective
   std::vector<SymmetricControl*> controls_;  // by local index; mapped pages
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<SymmetricAllocation>> allocs_;  // guarded by mu_
@@ -178,6 +188,12 @@ class SymmetricHeap {
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> one_shot_{0};
   std::atomic<uint64_t> slots_{0};
+  struct Costs {
+    uint64_t ns_per_kib[kCostSamples] = {};
+    uint32_t n = 0;  // samples taken
+    uint64_t median() const;
+  };
+  Costs costs_[kSizeClasses][2];  // [class][slots]; written by the running collective
 };
 
 }  // namespace pyring

@@ -28,7 +28,6 @@ class ShmLink final : public QueuedLink {
   const char* kind() const override { return "shm"; }
   std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
   void check_peer() override;
-  bool peer_far() const override { return SlotCopier::cores_far(); }
 
  private:
   // Lap k / nslots of slot sequence number k starts its data (k / nslots % kLaps) steps of

@@ -1,7 +1,6 @@
 #include "transport/shm/stream_copy.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -63,19 +62,10 @@ uint64_t SlotCopier::Samples::median() const {
   return sorted[kSamples / 2];
 }
 
-namespace {
-std::atomic<bool> g_cores_far{false};
-}  // namespace
-
-bool SlotCopier::cores_far() {
-  return g_cores_far.load(std::memory_order_relaxed);
-}
-
 bool SlotCopier::pick_streaming() {
   ++count_;
   if (cost_[1].n < kSamples) return count_ % 2 == 0;
   far_ = cost_[1].median() * 2 < cost_[0].median();
-  g_cores_far.store(far_, std::memory_order_relaxed);
   return count_ % kExploreEvery == 0 ? !far_ : far_;
 }
 

@@ -49,10 +49,6 @@ class SlotCopier {
       : mode_(mode), timed_from_(slot_bytes < kTimedBytes ? slot_bytes : kTimedBytes) {}
   // Returns true when the copy used non-temporal stores. Either way, the copied bytes are
   // ordered before every store that follows (the publication of the slot).
-  // The last timed choice of any SlotCopier of this process: streaming cost under half of
-  // memcpy, so the cores are far (false before there is a choice). Where the cores sit is the
-  // machine's state, not one link's, and a link that carries little times nothing.
-  static bool cores_far();
   bool copy(uint8_t* dst, const uint8_t* src, size_t n) {
     if (n < kMinBytes) {
       std::memcpy(dst, src, n);
