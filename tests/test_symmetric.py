@@ -273,3 +273,35 @@ def test_distributed_optimizer_buckets_are_symmetric_and_bitwise_equal():
         assert zc > 0 and zp == 0, (zc, zp)
         for a, b in zip(ps, pp):
             assert np.array_equal(a, b)
+
+
+def backend_body(rank, world, store):
+    import torch.distributed as dist
+
+    import pyring
+
+    dist.init_process_group("pyring", store=store, rank=rank, world_size=world)
+    comm = dist.group.WORLD._get_backend(torch.device("cpu")).comm
+    t = pyring.empty(1 << 16, comm=comm)
+    t.fill_(rank + 1)
+    dist.all_reduce(t)
+    inp = pyring.empty(world * 8, comm=comm)
+    inp.fill_(rank + 1)
+    out = torch.empty(8)
+    dist.reduce_scatter_tensor(out, inp)
+    g = pyring.empty(8, comm=comm)
+    g.fill_(rank)
+    gathered = torch.empty(8 * world)
+    dist.all_gather_into_tensor(gathered, g)
+    b = pyring.empty(8, comm=comm)
+    b.fill_(rank)
+    dist.broadcast(b, src=1)
+    zc = comm.stats()["zero_copy"]
+    dist.destroy_process_group()
+    return (t[0].item(), out.tolist(), gathered.tolist(), b.tolist(),
+            zc["calls"] + zc["slot_schedule"])
+
+
+def test_the_torch_backend_takes_the_zero_copy_path():
+    for got in run_ranks(2, backend_body, timeout=120):
+        assert got == (3.0, [3.0] * 8, [0.0] * 8 + [1.0] * 8, [1.0] * 8, 4), got
