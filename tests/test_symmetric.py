@@ -28,6 +28,16 @@ def _check(bad: list, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
         bad.append(f"{what}: {diff.numel()} wrong, first at {diff[:3].flatten().tolist()}")
 
 
+def _attempt(fn, *args) -> tuple[str, float]:
+    """fn(*args)'s error ("Type: message", or "no error") and the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 (the message is the result)
+        return f"{type(e).__name__}: {e}", time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
 def _sym(comm, src: torch.Tensor) -> torch.Tensor:
     t = comm.empty(*src.shape, dtype=src.dtype)
     t.copy_(src)
@@ -139,12 +149,7 @@ def slot_mismatch_body(rank, world, store):
     t = comm.empty(1000)  # collective: every rank allocates
     if rank == 1:
         t = torch.zeros(1000)  # but passes a private tensor
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce(t)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}", time.monotonic() - t0
-    return "no error", time.monotonic() - t0
+    return _attempt(comm.all_reduce, t)
 
 
 def test_a_rank_on_the_slot_path_fails_the_call_at_once():
@@ -163,12 +168,7 @@ def killed_body(rank, world, store):
     comm.all_reduce(t)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce(t)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}", time.monotonic() - t0
-    return "no error", time.monotonic() - t0
+    return _attempt(comm.all_reduce, t)
 
 
 @pytest.mark.parametrize("world", [2, 4])
