@@ -89,14 +89,6 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
           py::arg("bytes"), py::arg("what"),
           "Collective: every rank allocates `bytes` described by `what`; a mismatch raises on "
           "every rank naming both calls. Returns this rank's SymmetricBlock.")
-      .def(
-          "is_symmetric",
-          [](Communicator& c, uintptr_t data, size_t bytes) {
-            const SymmetricHeap* h = c.symmetric();
-            return h && static_cast<bool>(h->find(reinterpret_cast<const void*>(data), bytes));
-          },
-          py::arg("data"), py::arg("bytes"),
-          "Whether [data, data + bytes) lies in one symmetric allocation of this rank.")
       .def("symmetric_stats", [](Communicator& c) {
         py::dict d;
         const SymmetricHeap* h = c.symmetric();

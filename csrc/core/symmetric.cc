@@ -267,7 +267,6 @@ void SymmetricHeap::abort() {
   SymmetricControl& c = control(static_cast<size_t>(my_));
   c.aborted.store(1, std::memory_order_seq_cst);
   // Peers asleep on this rank's phase wake and see it.
-  c.phase.fetch_add(0, std::memory_order_seq_cst);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
           0);
 }

@@ -55,7 +55,3 @@ def empty(comm: Any, *size: Any, dtype: Any = None, device: Any = None) -> Any:
     flat = torch.frombuffer(block, dtype=torch.uint8)
     return flat.view(dtype).view(shape)
 
-
-def is_symmetric(comm: Any, tensor: Any) -> bool:
-    """Whether ``tensor``'s bytes lie in symmetric memory of ``comm`` on this rank."""
-    return comm._c.is_symmetric(tensor.data_ptr(), tensor.numel() * tensor.element_size())
