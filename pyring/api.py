@@ -288,13 +288,16 @@ def empty(*size: Any, dtype: Any = None, device: Any = None, comm: Communicator 
     ``comm`` (default: the default communicator) on this host maps every other's.
 
     Collective: every rank calls it with the same size and dtype, in the same order; a
-    mismatch raises on every rank naming both calls. The memory is one shared-memory segment
-    per rank (mode 0600), unlinked once every local rank has mapped it; the returned tensor is
-    an ordinary torch tensor whose storage keeps the mapping alive, so it is freed when the
-    last view of it goes. all_reduce, reduce_scatter_tensor, all_gather_into_tensor and
-    broadcast on such tensors run zero-copy when every rank of the communicator shares this
-    host (their inputs must be symmetric on every rank, or on none). Its contents start
-    zeroed. ``device``: 'cpu' (the default)."""
+    mismatch raises on every rank naming both calls. On the host the memory is one
+    shared-memory segment per rank (mode 0600), unlinked once every local rank has mapped it;
+    on a CUDA device (or the test-only sim device) it is device memory that every local rank
+    opens once through its IPC handle (ranks may use different GPUs of the host, or share
+    one). The returned tensor is an ordinary torch tensor whose storage keeps the mapping
+    alive, so it is freed when the last view of it goes (device memory once the collectives
+    entered before have finished on the device). all_reduce, reduce_scatter_tensor,
+    all_gather_into_tensor and broadcast on such tensors run zero-copy when every rank of the
+    communicator shares this host (their inputs must be symmetric on every rank, or on none).
+    Its contents start zeroed. ``device``: 'cpu' (the default), 'cuda[:N]' or 'sim[:N]'."""
     from .runtime.symmetric import empty as _empty
     return _empty(comm or default(), *size, dtype=dtype, device=device)
 

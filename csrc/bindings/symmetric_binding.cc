@@ -44,6 +44,8 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
       m, "SymmetricBlock", py::buffer_protocol(),
       "This rank's mapping of one symmetric allocation (pyring.empty).")
       .def_buffer([](SymmetricBlock& b) {
+        PYRING_CHECK_ARG(b.alloc->device.is_cpu(), "a symmetric block on ", b.alloc->device.str(),
+                         " is device memory, which has no host buffer");
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.alloc->bytes)}, {1});
       })
@@ -51,6 +53,8 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
           "data_ptr", [](const SymmetricBlock& b) { return reinterpret_cast<uintptr_t>(b.data()); })
       .def_property_readonly("nbytes", [](const SymmetricBlock& b) { return b.alloc->bytes; })
       .def_property_readonly("id", [](const SymmetricBlock& b) { return b.alloc->id; })
+      .def_property_readonly("device",
+                             [](const SymmetricBlock& b) { return b.alloc->device.str(); })
       .def(
           "peer_ptr",
           [](const SymmetricBlock& b, int local_index) {
@@ -72,7 +76,7 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
          "`job`. Once, at init.")
       .def(
           "symmetric_empty",
-          [](py::object self, size_t bytes, const std::string& what) {
+          [](py::object self, size_t bytes, const std::string& what, int kind, int index) {
             Communicator& c = self.cast<Communicator&>();
             SymmetricHeap& h = heap_of(c);
             std::shared_ptr<SymmetricAllocation> a;
@@ -82,12 +86,16 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
             d.dtype = DType::kUInt8;
             {
               py::gil_scoped_release nogil;
-              c.run_sync(d, [&](Deadline dl) { a = h.allocate(c, bytes, what, dl); });
+              const Device dev = kind == static_cast<int>(DeviceKind::kCpu)
+                                     ? Device{}
+                                     : Device{device_kind_from_int(kind), index};
+              c.run_sync(d, [&](Deadline dl) { a = h.allocate(c, bytes, what, dev, dl); });
             }
             return std::make_unique<SymmetricBlock>(self, a, h.local_index());
           },
-          py::arg("bytes"), py::arg("what"),
-          "Collective: every rank allocates `bytes` described by `what`; a mismatch raises on "
+          py::arg("bytes"), py::arg("what"), py::arg("kind") = 0, py::arg("index") = -1,
+          "Collective: every rank allocates `bytes` described by `what` on the device of kind "
+          "`kind` (a DeviceKind code; 0: the host) and index `index`; a mismatch raises on "
           "every rank naming both calls. Returns this rank's SymmetricBlock.")
       .def("symmetric_stats", [](Communicator& c) {
         py::dict d;

@@ -23,8 +23,8 @@ std::vector<Span> on_host(const std::vector<Span>& list, uint8_t* const* h) {
 }
 
 // The symmetric span of v, which the planner found in symmetric memory.
-SymmetricSpan symmetric_span(Communicator& c, const BufferView& v) {
-  SymmetricSpan s = c.symmetric()->find(v.data, v.bytes());
+SymmetricSpan symmetric_span(Communicator& c, const BufferView& v, const Device& dev) {
+  SymmetricSpan s = c.symmetric()->find(v.data, v.bytes(), dev);
   PYRING_CHECK(static_cast<bool>(s), Error, "a buffer placed zero-copy is not symmetric memory");
   return s;
 }
@@ -53,10 +53,18 @@ CallBodies allreduce_bodies(Placement where, Communicator& c, const BufferView& 
     b.host = [&c, vi, vo, rop, a](Deadline d) { allreduce(c, vi, vo, rop, a, d); };
   }
   if (where == Placement::kZeroCopy) {
-    const SymmetricSpan si = symmetric_span(c, vi), so = c.symmetric()->find(vo.data, vo.bytes());
-    b.host = [&c, si, so, vi, vo, rop](Deadline d) {
-      zero_copy_allreduce(c, si, so, vi, vo, rop, d);
-    };
+    const SymmetricSpan si = symmetric_span(c, vi, dev),
+                        so = c.symmetric()->find(vo.data, vo.bytes(), dev);
+    if (dev.is_cpu()) {
+      b.host = [&c, si, so, vi, vo, rop](Deadline d) {
+        zero_copy_allreduce(c, si, so, vi, vo, rop, d);
+      };
+    } else {
+      b.resident = [&c, si, so, vi, vo, rop, dev](StreamId s, Deadline d) {
+        zero_copy_device_allreduce(c, si, so, on_stream(vi, dev, s), on_stream(vo, dev, s), rop,
+                                   d);
+      };
+    }
   }
   if (where == Placement::kResident) {
     b.resident = [&c, vi, vo, rop, dev](StreamId s, Deadline d) {
@@ -84,9 +92,14 @@ CallBodies reduce_scatter_bodies(Placement where, Communicator& c, const BufferV
   if (where == Placement::kHost) {
     b.host = [&c, vi, vo, rop](Deadline d) { reduce_scatter(c, vi, vo, rop, d); };
   }
-  if (where == Placement::kZeroCopy) {
-    b.host = [&c, si = symmetric_span(c, vi), vi, vo, rop](Deadline d) {
+  if (where == Placement::kZeroCopy && dev.is_cpu()) {
+    b.host = [&c, si = symmetric_span(c, vi, dev), vi, vo, rop](Deadline d) {
       zero_copy_reduce_scatter(c, si, vi, vo, rop, d);
+    };
+  }
+  if (where == Placement::kZeroCopy && !dev.is_cpu()) {
+    b.resident = [&c, si = symmetric_span(c, vi, dev), vi, vo, rop, dev](StreamId s, Deadline d) {
+      zero_copy_device_reduce_scatter(c, si, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);
     };
   }
   if (where == Placement::kResident) {
@@ -108,9 +121,14 @@ CallBodies allgather_bodies(Placement where, Communicator& c, const BufferView& 
                             const BufferView& vo, const Device& dev) {
   CallBodies b;
   if (where == Placement::kHost) b.host = [&c, vi, vo](Deadline d) { allgather(c, vi, vo, d); };
-  if (where == Placement::kZeroCopy) {
-    b.host = [&c, si = symmetric_span(c, vi), vi, vo](Deadline d) {
+  if (where == Placement::kZeroCopy && dev.is_cpu()) {
+    b.host = [&c, si = symmetric_span(c, vi, dev), vi, vo](Deadline d) {
       zero_copy_allgather(c, si, vi, vo, d);
+    };
+  }
+  if (where == Placement::kZeroCopy && !dev.is_cpu()) {
+    b.resident = [&c, si = symmetric_span(c, vi, dev), vi, vo, dev](StreamId s, Deadline d) {
+      zero_copy_device_allgather(c, si, on_stream(vi, dev, s), on_stream(vo, dev, s), d);
     };
   }
   if (where == Placement::kResident) {
@@ -135,9 +153,14 @@ CallBodies broadcast_bodies(Placement where, Communicator& c, const BufferView& 
   if (where == Placement::kHost) {
     b.host = [&c, v, root](Deadline d) { ring_broadcast(c, v, root, d); };
   }
-  if (where == Placement::kZeroCopy) {
-    b.host = [&c, sv = symmetric_span(c, v), v, root](Deadline d) {
+  if (where == Placement::kZeroCopy && dev.is_cpu()) {
+    b.host = [&c, sv = symmetric_span(c, v, dev), v, root](Deadline d) {
       zero_copy_broadcast(c, sv, v, root, d);
+    };
+  }
+  if (where == Placement::kZeroCopy && !dev.is_cpu()) {
+    b.resident = [&c, sv = symmetric_span(c, v, dev), v, root, dev](StreamId s, Deadline d) {
+      zero_copy_device_broadcast(c, sv, on_stream(v, dev, s), root, d);
     };
   }
   if (where == Placement::kResident) {

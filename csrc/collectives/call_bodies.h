@@ -19,8 +19,7 @@
 namespace pyring {
 
 // A call's bodies, one per place the planner may put it: `host` on host buffers (zero-copy
-// ones too: they run on the host); `resident`
-// on the device buffers themselves; `staged` over host copies of `regions`, or
+// ones too); `resident` on the device buffers themselves (zero-copy ones too); `staged` over host copies of `regions`, or
 // `staged_by_queue` given the call's DeviceQueue and ticket whole (DeviceQueue::run_chunked).
 // Only the body of the call's place is filled.
 struct CallBodies {

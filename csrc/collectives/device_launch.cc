@@ -113,33 +113,39 @@ Launched run_placed(Communicator& comm, bool async_op, const CollectiveDesc& des
                     const CallDesc& call, Placement where, const DeviceArgs& args,
                     CallBodies bodies) {
   auto missing = [&] { return str_cat(call.name, " has no ", placement_name(where), " body"); };
+  // Peers on the zero-copy path learn at once that this rank took another one (a zero-copy
+  // call says so itself).
+  const bool mark = where != Placement::kZeroCopy && comm.symmetric() && comm.symmetric()->active();
+  auto marked = [&comm, mark](auto body) {
+    return [&comm, mark, b = std::move(body)](auto&&... a) {
+      if (mark) comm.symmetric()->enter(comm.seq(), false);
+      b(std::forward<decltype(a)>(a)...);
+    };
+  };
+  if (where == Placement::kZeroCopy && !call.device.is_cpu()) {
+    PYRING_CHECK(bodies.resident != nullptr, Error, missing());
+    return launch_resident(comm, async_op, desc, args, std::move(bodies.resident));
+  }
   switch (where) {
     case Placement::kHost:
     case Placement::kZeroCopy: {
       PYRING_CHECK(bodies.host != nullptr, Error, missing());
       std::function<void(Deadline)> body = std::move(bodies.host);
-      if (where == Placement::kHost && comm.symmetric() && comm.symmetric()->active()) {
-        // Peers on the zero-copy path learn at once that this rank took the other one (a
-        // zero-copy call says so itself).
-        body = [&comm, b = std::move(body)](Deadline d) {
-          comm.symmetric()->enter(comm.seq(), false);
-          b(d);
-        };
-      }
+      if (mark) body = marked(std::move(body));
       if (async_op) return {comm.submit(desc, std::move(body)), DeviceTicket{}};
       comm.run_sync(desc, body);
       return {};
     }
     case Placement::kResident:
       PYRING_CHECK(bodies.resident != nullptr, Error, missing());
-      return launch_resident(comm, async_op, desc, args, std::move(bodies.resident));
+      return launch_resident(comm, async_op, desc, args, marked(std::move(bodies.resident)));
     case Placement::kStaged:
       if (bodies.staged_by_queue) {
-        return launch_device(comm, async_op, desc, args, std::move(bodies.staged_by_queue));
+        return launch_device(comm, async_op, desc, args, marked(std::move(bodies.staged_by_queue)));
       }
       PYRING_CHECK(bodies.staged != nullptr, Error, missing());
       return launch_staged(comm, async_op, desc, args, std::move(bodies.regions),
-                           std::move(bodies.staged));
+                           marked(std::move(bodies.staged)));
   }
   PYRING_THROW(Error, "run_plan: unknown placement ", static_cast<int>(where));
 }

@@ -23,16 +23,17 @@ const char* placement_name(Placement p) {
 namespace {
 
 Plan decide(const Communicator& comm, const CallDesc& call) {
-  if (call.device.is_cpu()) {
-    const bool zero_copy_kind =
-        call.kind == CallKind::kAllReduce || call.kind == CallKind::kReduceScatter ||
-        call.kind == CallKind::kAllGather || call.kind == CallKind::kBroadcast;
-    if (zero_copy_kind && zero_copy_possible(comm) &&
-        comm.symmetric()->find(call.read, call.read_bytes)) {
-      return {Placement::kZeroCopy, "symmetric memory, every rank on this host"};
-    }
-    return {Placement::kHost, "host buffers"};
+  const bool zero_copy_kind =
+      call.kind == CallKind::kAllReduce || call.kind == CallKind::kReduceScatter ||
+      call.kind == CallKind::kAllGather || call.kind == CallKind::kBroadcast;
+  if (zero_copy_kind && zero_copy_possible(comm) &&
+      comm.symmetric()->find(call.read, call.read_bytes, call.device)) {
+    return {Placement::kZeroCopy,
+            call.device.is_cpu()
+                ? std::string("symmetric memory, every rank on this host")
+                : str_cat(call.device.str(), ": symmetric device memory, every rank on this host")};
   }
+  if (call.device.is_cpu()) return {Placement::kHost, "host buffers"};
   const std::string dev = call.device.str();
   // One rank moves nothing; else the device links must carry this device.
   const bool links = comm.size() == 1 || comm.resident_on(call.device);

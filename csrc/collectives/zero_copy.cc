@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "collectives/collectives.h"
+#include "collectives/zero_copy_call.h"
 #include "core/errors.h"
 #include "kernels/dispatch.h"
 
@@ -12,161 +13,20 @@ namespace pyring {
 
 namespace {
 
-enum ZeroCopyKind : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3, kBroadcast = 4 };
+using zero_copy::Call;
+using zero_copy::chunk_first;
+using zero_copy::Sources;
+using zero_copy::kAllGather;
+using zero_copy::kAllReduce;
+using zero_copy::kBroadcast;
+using zero_copy::kReduceScatter;
 
-// Where the cores are far (vCPUs on different core complexes), reading memory a peer just
-// wrote costs more than the slots' streamed copies: 2-rank all_reduce on this machine in that
-// state took 38 us zero-copy against 9.6 us over slots at 64 KiB, 3.8 ms against 1.6 ms at
-// 16 MiB. So calls of at least kSlotsFromBytes time both schedules (SymmetricHeap's timed
-// choice) and run the slot schedule where some rank finds it the cheaper (counted apart).
-constexpr size_t kSlotsFromBytes = 8 << 10;
-constexpr uint32_t kExploreEvery = 64;
 
 // Elements reduced per pass over the sources: small enough that the accumulator stays in cache
 // between the sources.
 constexpr size_t kTileBytes = 32 << 10;
 
 const KernelSite kHost{};
-
-// One zero-copy call: its phases are base + 1 (entered: this rank's data is in place), base +
-// 2 and base + 3 (the algorithm's rounds); each rank raises them in order.
-class Call {
- public:
-  // `may_use_slots`: the call may run the slot schedule instead (use_slots()).
-  Call(Communicator& comm, const char* what, ZeroCopyKind kind, const SymmetricSpan& span,
-       size_t bytes, DType dtype, int op, int root, Deadline deadline, bool may_use_slots = false)
-      : heap_(*comm.symmetric()),
-        may_use_slots_(may_use_slots && bytes >= kSlotsFromBytes),
-        deadline_(deadline),
-        what_(what),
-        spin_us_(comm.spin_us()),
-        seq_(comm.seq()),
-        n_(heap_.local_world()),
-        me_(heap_.local_index()) {
-    heap_.enter(seq_, true);
-    base_ = heap_.next_base();
-    SymmetricCall& c = heap_.control(me_).call[parity()];
-    c.seq = seq_;
-    c.kind = kind;
-    c.root = root;
-    c.alloc = span.alloc->id;
-    c.offset = span.offset;
-    c.bytes = bytes;
-    c.dtype = static_cast<int32_t>(dtype);
-    c.op = op;
-    if (may_use_slots_) {
-      class_ = SymmetricHeap::size_class(bytes);
-      bytes_ = bytes;
-      c.far = heap_.prefers_slots(class_);
-      // The first 2 * kCostSamples calls of a class alternate, so that both schedules are
-      // timed from the start.
-      const uint64_t k = heap_.next_candidate(class_);
-      const uint64_t warm = 2 * SymmetricHeap::kCostSamples;
-      explore_ = k <= warm ? k % 2 == 0 : k % kExploreEvery == 0;
-    }
-  }
-
-  // After the entry round, alike on every rank: whether this call runs the slot schedule:
-  // where some rank's timed choice prefers it, except every kExploreEvery-th call of its size
-  // class (and every second of its first ones), which runs the other schedule so that its cost
-  // is timed again. Starts the call's timing.
-  bool use_slots() {
-    if (!may_use_slots_) return false;
-    bool any = false;
-    for (int li = 0; li < n_; ++li) any = any || heap_.control(li).call[parity()].far != 0;
-    slots_ = explore_ ? !any : any;
-    t0_ = Clock::now();
-    return slots_;
-  }
-  // Ends the call's timing (a call that took the other schedule's path does not time it).
-  void timed() {
-    if (!may_use_slots_ || bytes_ == 0) return;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_);
-    heap_.add_cost(class_, slots_, static_cast<uint64_t>(ns.count()) * 1024 / bytes_);
-  }
-  // Enters: this rank's data is in place for the peers.
-  void start() { heap_.raise(base_ + 1); }
-  // This rank's staging area for this call (the two alternate), once every peer has entered
-  // the call before, and so is done reading it for the call before that.
-  uint8_t* own_staging() {
-    // The call before saw every peer enter it where its entry round waited for all of them.
-    if (heap_.calls_entered() > 1 && !heap_.saw_all_enter(base_ - 4)) {
-      for (int li = 0; li < n_; ++li) {
-        if (li != me_) heap_.wait(static_cast<size_t>(li), base_ - 3, spin_us_, deadline_, what_);
-      }
-    }
-    return heap_.staging(static_cast<size_t>(me_), parity());
-  }
-  uint8_t* staging(int li) const { return heap_.staging(static_cast<size_t>(li), parity()); }
-  int world() const { return n_; }
-  int me() const { return me_; }
-  void post(uint32_t k) { heap_.raise(base_ + k); }
-  // Waits for local rank li's phase k; on the entry phase checks its call against this one's.
-  void wait(int li, uint32_t k) {
-    heap_.wait(static_cast<size_t>(li), base_ + k, spin_us_, deadline_, what_, k == 1 ? seq_ : 0);
-    if (k == 1) check(li);
-  }
-  void wait_all(uint32_t k) {
-    for (int li = 0; li < n_; ++li) {
-      if (li != me_) wait(li, k);
-    }
-    if (k == 1) heap_.set_saw_all_enter(base_);
-  }
-  void moved(size_t bytes) { heap_.add_zero_copy_bytes(bytes); }
-  // The offset local rank li posted (valid after its entry phase).
-  size_t offset_of(int li) const { return heap_.control(li).call[parity()].offset; }
-  void count(bool one_shot) { heap_.count_call(one_shot); }
-  // Runs fn, the slot schedule of the call, instead (use_slots()).
-  void run_slots(const std::function<void(Deadline)>& fn) {
-    heap_.count_slot_call();
-    fn(deadline_);
-    timed();
-  }
-
- private:
-  uint32_t parity() const { return (base_ / 4) & 1; }
-  void check(int li) const {
-    const SymmetricCall& mine = heap_.control(me_).call[parity()];
-    const SymmetricCall& theirs = heap_.control(li).call[parity()];
-    auto text = [](const SymmetricCall& c) {
-      return str_cat("{collective #", c.seq, ", kind ", c.kind, ", allocation ", c.alloc,
-                     " at offset ", c.offset, ", ", c.bytes, " bytes, dtype ", c.dtype, ", op ",
-                     c.op, ", root ", c.root, "}");
-    };
-    // all_gather's inputs may lie at different offsets (each rank's own chunk of the output).
-    const bool same_offset = mine.kind == kAllGather || theirs.offset == mine.offset;
-    PYRING_CHECK(theirs.seq == mine.seq && theirs.kind == mine.kind && theirs.alloc == mine.alloc &&
-                     same_offset && theirs.bytes == mine.bytes && theirs.dtype == mine.dtype &&
-                     theirs.op == mine.op && theirs.root == mine.root,
-                 CommError, what_, ": ranks disagree on the zero-copy call: rank ",
-                 heap_.global_rank(static_cast<size_t>(li)), " posted ", text(theirs),
-                 ", this rank ", text(mine));
-  }
-
-  SymmetricHeap& heap_;
-  bool may_use_slots_;
-  bool explore_ = false;
-  bool slots_ = false;
-  int class_ = 0;
-  size_t bytes_ = 0;
-  Clock::time_point t0_{};
-  Deadline deadline_;
-  const char* what_;
-  int spin_us_;
-  uint64_t seq_;
-  int n_;
-  int me_;
-  uint32_t base_ = 0;
-};
-
-// The sources of a reduction, one per local rank, without an allocation per call.
-struct Sources {
-  std::array<const uint8_t*, kMaxLocalWorld> p;  // [0, n) set
-  size_t n = 0;
-  void push_back(const uint8_t* s) { p[n++] = s; }
-  size_t size() const { return n; }
-  const uint8_t* operator[](size_t i) const { return p[i]; }
-};
 
 // out[0, n) = op over srcs[k][0, n), k in the order given, tile by tile; out may be the last
 // source (element for element). `acc` holds kTileBytes of the accumulation type.
@@ -198,13 +58,6 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out,
     }
     kern::finish(kHost, dtype, op, src(k - 1), b, out + at * es, m, world);
   }
-}
-
-// Element ranges of the two-shot chunks: rank r owns [first(r), first(r + 1)).
-size_t chunk_first(size_t count, int world, int r) {
-  const size_t w = static_cast<size_t>(world);
-  const size_t per = ((count + w - 1) / w + 15) / 16 * 16;  // whole lines; per * world >= count
-  return std::min(count, per * static_cast<size_t>(r));     // the last ends at count
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The zero-copy collectives on symmetric host memory (core/symmetric.h), for a communicator
-// whose ranks all share this host: each rank reads its peers' data straight from their
+// The zero-copy collectives on symmetric memory (core/symmetric.h), for a communicator whose
+// ranks all share this host: each rank reads its peers' data straight from their
 // mappings and writes only its own memory. No slot and no link carries data.
 //
 // Ordering: each rank raises its phase counter in its control page; a rank reads a peer's
@@ -58,5 +58,22 @@ void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const Buff
 // buf on every rank = buf on root; buf symmetric.
 void zero_copy_broadcast(Communicator& comm, const SymmetricSpan& sb, const BufferView& buf,
                          int root, Deadline deadline);
+
+// The same four on symmetric device memory (zero_copy_device.cc), run inside the call's device
+// ticket (DeviceQueue::run_resident: the caller's stream has reached the call). Host-driven:
+// each step's kernels and copies are queued on pyring's stream and run to completion before
+// the phase after them is raised (a round trip between the host and the device per phase), and
+// all_reduce is two-shot at every size (one-shot into a private output): there are no staging
+// areas and no slot schedule on a device.
+void zero_copy_device_allreduce(Communicator& comm, const SymmetricSpan& si,
+                                const SymmetricSpan& so, const BufferView& in,
+                                const BufferView& out, ReduceOp op, Deadline deadline);
+void zero_copy_device_reduce_scatter(Communicator& comm, const SymmetricSpan& si,
+                                     const BufferView& in, const BufferView& out, ReduceOp op,
+                                     Deadline deadline);
+void zero_copy_device_allgather(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
+                                const BufferView& out, Deadline deadline);
+void zero_copy_device_broadcast(Communicator& comm, const SymmetricSpan& sb, const BufferView& buf,
+                                int root, Deadline deadline);
 
 }  // namespace pyring

@@ -171,7 +171,16 @@ void DeviceQueue::run_chunked(uint64_t ticket, const BufferView& in, const Buffe
 
 void DeviceQueue::retire(void* p, bool host) {
   std::lock_guard<std::mutex> lock(retired_mu_);
-  retired_.push_back(Retired{p, host});
+  retired_.push_back(Retired{p, host ? Freed::kHost : Freed::kDevice});
+}
+
+void DeviceQueue::retire_mapping(void* p) {
+  std::lock_guard<std::mutex> lock(retired_mu_);
+  retired_.push_back(Retired{p, Freed::kMapping});
+}
+
+void DeviceQueue::drain(Deadline deadline, const char* what) {
+  host_wait_flag(copied_, mark_copied(), deadline, what, own_stream());
 }
 
 void DeviceQueue::free_retired(bool all) noexcept {
@@ -185,7 +194,17 @@ void DeviceQueue::free_retired(bool all) noexcept {
     now.swap(retired_);
   }
   for (const Retired& r : now) {
-    r.host ? rt_.free_host(device_.index, r.p) : device_free(rt_, device_.index, r.p);
+    switch (r.how) {
+      case Freed::kHost:
+        rt_.free_host(device_.index, r.p);
+        break;
+      case Freed::kDevice:
+        device_free(rt_, device_.index, r.p);
+        break;
+      case Freed::kMapping:
+        rt_.ipc_close(device_.index, r.p);
+        break;
+    }
   }
 }
 

@@ -100,6 +100,13 @@ class DeviceQueue {
   // Memory of this queue's device (host: pinned, from alloc_host) that nothing will use once
   // the tickets entered so far are done; freed as the header says. Any thread.
   void retire(void* p, bool host);
+  // The same for a peer's memory this process opened (DeviceRuntime::ipc_open): closed, not
+  // freed, once the tickets entered so far are done.
+  void retire_mapping(void* p);
+  // The running collective: blocks the host until the work queued so far on stream() has
+  // finished; DeviceFault when the stream stops on a fault, TimeoutError naming `what` at the
+  // deadline.
+  void drain(Deadline deadline, const char* what);
   // Caller's thread: queues on `stream` a wait for the ticket's done flag, once its raise is
   // queued (see the header); CommError before then.
   void order_after(StreamId stream, uint64_t ticket);
@@ -128,9 +135,10 @@ class DeviceQueue {
   uint8_t* grow(uint8_t*& p, size_t& capacity, size_t bytes, bool host);
   // Queues the raise of copied_ to the next value on the stream and returns that value.
   uint64_t mark_copied();
+  enum class Freed { kHost, kDevice, kMapping };
   struct Retired {
     void* p;
-    bool host;
+    Freed how;
   };
   // Frees the retired memory whose tickets are done (all: every ticket is, or must be treated
   // as, finished).

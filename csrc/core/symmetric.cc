@@ -32,7 +32,10 @@ struct Record {
   int32_t rank;
   int32_t failed;  // this rank could not make its segment; error says why
   char what[240];
-  char error[240];
+  char error[160];
+  int32_t kind;     // DeviceKind of the memory
+  int32_t index;    // its device
+  IpcHandle handle;  // a device allocation's, for the local peers
 };
 static_assert(sizeof(Record) == 512);
 
@@ -41,7 +44,8 @@ size_t page_rounded(size_t bytes) {
   return std::max<size_t>(page, (bytes + page - 1) / page * page);
 }
 
-void copy_text(char (&dst)[240], const std::string& s) {
+template <size_t N>
+void copy_text(char (&dst)[N], const std::string& s) {
   std::memset(dst, 0, sizeof dst);
   std::memcpy(dst, s.data(), std::min(s.size(), sizeof dst - 1));
 }
@@ -78,8 +82,16 @@ bool process_gone(int32_t pid) {
 }  // namespace
 
 SymmetricAllocation::~SymmetricAllocation() {
-  for (uint8_t* b : bases) {
-    if (b) munmap(b, mapped);
+  for (size_t li = 0; li < bases.size(); ++li) {
+    uint8_t* b = bases[li];
+    if (!b) continue;
+    if (device.is_cpu()) {
+      munmap(b, mapped);
+    } else if (static_cast<int>(li) == my) {
+      queue->retire(b, false);
+    } else {
+      queue->retire_mapping(b);
+    }
   }
 }
 
@@ -105,13 +117,17 @@ std::string SymmetricHeap::name_of(const char* kind, uint64_t n, int rank) const
 
 std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm, size_t bytes,
                                                              const std::string& what,
+                                                             const Device& device,
                                                              Deadline deadline) {
   const uint64_t id = ++next_id_;
   const bool first = controls_.empty();
+  const bool host = device.is_cpu();
   auto a = std::make_shared<SymmetricAllocation>();
   a->id = id;
   a->bytes = bytes;
-  a->mapped = page_rounded(bytes);
+  a->mapped = host ? page_rounded(bytes) : std::max<size_t>(bytes, 256);
+  a->device = device;
+  a->my = my_;
   a->bases.assign(local_.size(), nullptr);
   std::vector<std::string> names;  // every local rank's, removed on every way out
   for (int r : local_) names.push_back(name_of("y", id, r));
@@ -128,6 +144,8 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   mine.id = id;
   mine.bytes = bytes;
   mine.rank = rank_;
+  mine.kind = static_cast<int32_t>(device.kind);
+  mine.index = device.index;
   copy_text(mine.what, what);
   try {
     if (first) {
@@ -135,7 +153,14 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
           map_segment(name_of("yc", id, rank_), kControlBytes, true));
       controls_[my_]->pid = static_cast<int32_t>(getpid());
     }
-    a->bases[my_] = map_segment(name_of("y", id, rank_), a->mapped, true);
+    if (host) {
+      a->bases[my_] = map_segment(name_of("y", id, rank_), a->mapped, true);
+    } else {
+      a->queue = comm.device_queue(device);
+      DeviceRuntime& rt = device_runtime(device.kind);
+      a->bases[my_] = static_cast<uint8_t*>(device_alloc(rt, device.index, a->mapped));
+      mine.handle = rt.ipc_handle(device.index, a->bases[my_]);
+    }
   } catch (const std::exception& e) {
     mine.failed = 1;
     copy_text(mine.error, e.what());
@@ -159,6 +184,11 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
                    "pyring.empty is collective, with the same size and dtype on "
                    "every rank: rank 0 called ",
                    all[0].what, " but rank ", r.rank, " called ", r.what);
+      PYRING_CHECK(r.kind == all[0].kind, InvalidArgument,
+                   "pyring.empty is collective, on devices of one kind on every rank: rank 0 "
+                   "allocated on ",
+                   Device{static_cast<DeviceKind>(all[0].kind), all[0].index}.str(), " but rank ",
+                   r.rank, " on ", Device{static_cast<DeviceKind>(r.kind), r.index}.str());
     }
     for (size_t li = 0; li < local_.size(); ++li) {
       if (static_cast<int>(li) == my_) continue;
@@ -166,7 +196,13 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
         controls_[li] = reinterpret_cast<SymmetricControl*>(
             map_segment(name_of("yc", id, local_[li]), kControlBytes, false));
       }
-      a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
+      if (host) {
+        a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
+      } else {
+        const Record& r = all[static_cast<size_t>(local_[li])];
+        a->bases[li] = static_cast<uint8_t*>(
+            device_runtime(device.kind).ipc_open(device.index, r.handle));
+      }
     }
     ring_barrier(comm, deadline);  // every local rank has mapped every segment
   } catch (...) {
@@ -202,11 +238,12 @@ void SymmetricHeap::release(uint64_t id) {
   count_.store(allocs_.size(), std::memory_order_release);
 }
 
-SymmetricSpan SymmetricHeap::find(const void* data, size_t bytes) const {
+SymmetricSpan SymmetricHeap::find(const void* data, size_t bytes, const Device& device) const {
   if (!any()) return {};
   const auto* p = static_cast<const uint8_t*>(data);
   std::lock_guard<std::mutex> g(mu_);
   for (const auto& a : allocs_) {
+    if (a->device != device) continue;
     const uint8_t* base = a->bases[static_cast<size_t>(my_)];
     if (p >= base && p + bytes <= base + a->bytes) {
       return SymmetricSpan{a, static_cast<size_t>(p - base)};

@@ -1,6 +1,6 @@
-// Symmetric memory on the host: allocations that every local rank of a communicator has mapped
-// (pyring.empty), and the flags that order the zero-copy collectives on them
-// (collectives/zero_copy.h).
+// Symmetric memory: allocations that every local rank of a communicator has mapped
+// (pyring.empty), on the host or on a device, and the flags that order the zero-copy
+// collectives on them (collectives/zero_copy.h).
 //
 // Each allocation is one POSIX shared-memory segment per local rank, mode 0600, named from the
 // job, the allocation's number and the rank (so a survivor can remove a dead rank's name),
@@ -8,6 +8,14 @@
 // leaves no name behind once a peer has failed or finished. Freeing is local (munmap): the
 // kernel keeps the pages while a peer still maps them, and no zero-copy call returns while a
 // peer still reads this rank's memory for it, so a freed tensor is never read again.
+//
+// On a device (CUDA, sim), each rank allocates device memory of its own and every local peer
+// opens it once through its IPC handle (DeviceRuntime::ipc_open). Freeing retires this rank's
+// memory and its mappings of the peers' to the device's queue (DeviceQueue::retire), which
+// frees and closes them once every collective entered before has finished on the device: a
+// peer never reads the memory after its call returned, and nothing is freed under a kernel
+// still queued. A rank killed holds nothing another process must free (the driver's, or the
+// sim's, memory goes with the process).
 //
 // Each local rank also owns one control segment (made with the first allocation): a page that
 // holds its zero-copy phase counter, the description of the call it posted and whether it gave
@@ -22,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_queue.h"
 #include "core/types.h"
 
 namespace pyring {
@@ -31,9 +40,13 @@ class Communicator;
 // One allocation: this rank's mapping and every local peer's, by local index.
 struct SymmetricAllocation {
   uint64_t id = 0;
-  size_t bytes = 0;             // as asked
-  size_t mapped = 0;            // bytes of each mapping (a multiple of the page size, at least one)
-  std::vector<uint8_t*> bases;  // by local index; bases[my local index] is this rank's
+  size_t bytes = 0;   // as asked
+  size_t mapped = 0;  // bytes of each mapping (host: a multiple of the page size, at least one)
+  Device device;      // the host, or the device whose memory it is
+  int my = 0;         // this rank's local index
+  // By local index; bases[my] is this rank's. On a device: device addresses in this process.
+  std::vector<uint8_t*> bases;
+  std::shared_ptr<DeviceQueue> queue;  // a device's: frees and closes its memory (see above)
   ~SymmetricAllocation();
 };
 
@@ -87,17 +100,19 @@ class SymmetricHeap {
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
 
   // Collective over the whole communicator (run it as one of its collectives): every rank
-  // allocates `bytes` described by `what` (e.g. "empty(4, 1024, dtype=float32)"). Ranks that
+  // allocates `bytes` on `device` (the host, or a device of its kind: ranks may use different
+  // GPUs of the host) described by `what` (e.g. "empty(4, 1024, dtype=float32)"). Ranks that
   // asked differently, or a rank that could not allocate, make every rank throw
   // InvalidArgument naming both calls (or the failure). Returns this rank's allocation.
   std::shared_ptr<SymmetricAllocation> allocate(Communicator& comm, size_t bytes,
-                                                const std::string& what, Deadline deadline);
+                                                const std::string& what, const Device& device,
+                                                Deadline deadline);
   // Forgets allocation `id` (its mappings go with the last reference). Thread-safe.
   void release(uint64_t id);
 
-  // The symmetric allocation holding [data, data + bytes) of this rank, or an empty span.
-  // Thread-safe; cheap while nothing is allocated.
-  SymmetricSpan find(const void* data, size_t bytes) const;
+  // The symmetric allocation on `device` holding [data, data + bytes) of this rank, or an
+  // empty span. Thread-safe; cheap while nothing is allocated.
+  SymmetricSpan find(const void* data, size_t bytes, const Device& device = Device{}) const;
   bool any() const { return count_.load(std::memory_order_acquire) != 0; }
   // Whether the control pages are mapped (the first allocation was made): from then on every
   // collective says which path it took (enter).

@@ -2,7 +2,9 @@
 
 A collective on such tensors takes the zero-copy path when every rank of the communicator
 shares one host: ranks read each other's tensors straight from their mappings
-(csrc/collectives/zero_copy.h), with no slot copies in between.
+(csrc/collectives/zero_copy.h), with no slot copies in between. Host tensors live in shared
+memory; CUDA (and the test-only sim device's) tensors in device memory that every local rank
+opened once through its IPC handle.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Devices pyring.empty allocates on.
-DEVICES = ("cpu",)
+DEVICES = ("cpu", "cuda", "sim")
 
 
 def _shape(size: tuple) -> tuple[int, ...]:
@@ -42,16 +44,47 @@ def empty(comm: Any, *size: Any, dtype: Any = None, device: Any = None) -> Any:
         raise ValueError(f"pyring.empty: device {str(dev)!r}: symmetric memory is allocated on "
                          f"{', '.join(DEVICES)} only; tensors on other devices take the "
                          f"slot path")
+    from . import devices
+
+    if dev.type == "cpu":
+        kind, index = devices.CPU, -1
+    elif dev.type == "cuda":
+        kind = devices.CUDA
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+    else:
+        kind, index = devices.SIM, 0 if dev.index is None else dev.index
+    dev = torch.device(dev.type, index) if index >= 0 else dev
     numel = 1
     for n in shape:
         numel *= n
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = numel * itemsize
     what = f"empty({', '.join(map(str, shape))}, dtype={str(dtype).removeprefix('torch.')})"
-    block = comm._c.symmetric_empty(nbytes, what)
+    block = comm._c.symmetric_empty(nbytes, what, kind, index)
     if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=dev)
     # The tensor's storage holds the block, and so the mapping, for as long as it lives.
-    flat = torch.frombuffer(block, dtype=torch.uint8)
+    if dev.type == "cpu":
+        flat = torch.frombuffer(block, dtype=torch.uint8)
+    elif dev.type == "cuda":
+        flat = torch.as_tensor(_CudaBlock(block), device=dev)
+    else:
+        from ..testing import sim_torch
+
+        flat = sim_torch.adopt(block.data_ptr, nbytes, index, block)
+    if dev.type != "cpu":
+        flat.zero_()  # as the host's fresh shared memory is (on the current stream)
     return flat.view(dtype).view(shape)
+
+
+class _CudaBlock:
+    """A symmetric block of CUDA memory as torch takes it (``__cuda_array_interface__``): the
+    tensor made from it holds this object, and so the block."""
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        self.__cuda_array_interface__ = {
+            "shape": (block.nbytes,), "typestr": "|u1", "data": (block.data_ptr, False),
+            "version": 3, "strides": None, "stream": None,
+        }
 

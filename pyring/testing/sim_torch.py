@@ -44,6 +44,8 @@ _enabled: list[Any] = []  # the torch.library.Library holding the fallback, once
 # Sim memory in use by tensors: storage -> (device, address, allocating stream).
 _live: list[tuple[Any, int, int, sim.SimStream]] = []
 _sweep_at = [64]
+# Sim memory pyring allocated (pyring.empty): storage -> the object whose life holds it.
+_adopted: list[tuple[Any, Any]] = []
 
 
 def enable() -> None:
@@ -115,6 +117,8 @@ def _new(size: Any, stride: Any, dtype: torch.dtype, index: int) -> torch.Tensor
     nbytes = span * torch.empty((), dtype=dtype).element_size()
     stream = sim.current_stream(index)
     _sweep()
+    if _adopted:
+        _release_adopted()
     ptr = _C.sim_alloc(index, max(nbytes, 1))
     storage = torch._C._construct_storage_from_data_pointer(
         ptr, torch.device(NAME, index), nbytes)
@@ -123,6 +127,29 @@ def _new(size: Any, stride: Any, dtype: torch.dtype, index: int) -> torch.Tensor
     with _lock:
         _live.append((storage, index, ptr, stream))
     return t
+
+
+def adopt(ptr: int, nbytes: int, index: int, owner: Any) -> torch.Tensor:
+    """A uint8 sim tensor over ``nbytes`` of sim memory at ``ptr`` that ``owner`` holds (a
+    symmetric block): ``owner`` lives while any tensor or storage over the memory does. As with
+    memory torch did not allocate on a GPU, dropping the last tensor does not wait for work
+    queued on it: synchronize first."""
+    _release_adopted()
+    storage = torch._C._construct_storage_from_data_pointer(
+        ptr, torch.device(NAME, index), nbytes)
+    t = torch._C._acc.create_empty_tensor([0], torch.uint8)
+    _aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, t, storage, 0, [nbytes], [1])
+    with _lock:
+        _adopted.append((storage, owner))
+    return t
+
+
+def _release_adopted() -> None:
+    """Drops the owners of adopted memory no tensor holds any more."""
+    with _lock:
+        gone = [e for e in _adopted if torch._C._storage_Use_Count(e[0]._cdata) == 1]
+        _adopted[:] = [e for e in _adopted if torch._C._storage_Use_Count(e[0]._cdata) != 1]
+    del gone  # owners released outside the lock
 
 
 def _sweep() -> None:
