@@ -243,3 +243,62 @@ def test_mixed_string_gives_cuda_tensors_to_nccl():
     assert got["cuda"] == "ProcessGroupNCCL", got
     assert got["values"] == [[2.0] * 7, [3.0] * 7], got
     assert got["reached_pyring"] == ["cpu"], got
+
+
+def symmetric_body(rank, world, store):
+    """The zero-copy collectives on pyring.empty tensors on cuda:0 (the ranks share the GPU),
+    each input written late on the caller's stream and each result read by work queued after."""
+    import pyring
+
+    dev = torch.device("cuda", 0)
+    bad = []
+    with pyring.init(rank, world, store, set_default=False, timeout=60) as comm:
+        s = torch.cuda.Stream(dev)
+        calls = 0
+        with torch.cuda.stream(s):
+            for n in (1, 1001, (1 << 22) + 3):
+                for dt in (torch.float32, torch.bfloat16):
+                    x = comm.empty(n, dtype=dt, device=dev)
+                    torch.cuda._sleep(1_000_000)  # the fill is late: the collective must wait
+                    x.fill_(float(rank + 1))
+                    comm.all_reduce(x)
+                    y = x * 1
+                    x.fill_(-1.0)  # a peer must not see this
+                    if not bool((y == float(sum(r + 1 for r in range(world)))).all()):
+                        bad.append(f"all_reduce {dt} n={n}: {y[:3].tolist()}")
+                    x.fill_(float(rank + 1))
+                    out = torch.empty(n, dtype=dt, device=dev)
+                    comm.all_reduce(x, op="avg", out=out)
+                    if not bool((out == (world + 1) / 2).all()):
+                        bad.append(f"avg into private {dt} n={n}: {out[:3].tolist()}")
+                    calls += 2
+                src = comm.empty(world * n, device=dev)
+                src.copy_(torch.arange(world * n, device=dev) % 7 + rank)
+                rs = torch.empty(n, device=dev)
+                comm.reduce_scatter_tensor(rs, src)
+                want = (torch.arange(rank * n, (rank + 1) * n, device=dev) % 7 * world
+                        + sum(range(world)))
+                if not torch.equal(rs, want.float()):
+                    bad.append(f"reduce_scatter n={n}: {rs[:3].tolist()}")
+                g = comm.empty(world * n, device=dev)
+                g[rank * n:(rank + 1) * n].fill_(float(rank))
+                comm.all_gather_into_tensor(g, g[rank * n:(rank + 1) * n])
+                want = torch.arange(world, device=dev).repeat_interleave(n).float()
+                if not torch.equal(g, want):
+                    bad.append(f"all_gather n={n}")
+                b = comm.empty(n, device=dev).fill_(float(rank))
+                comm.broadcast(b, src=world - 1)
+                if not bool((b == world - 1).all()):
+                    bad.append(f"broadcast n={n}: {b[:3].tolist()}")
+                calls += 3
+        s.synchronize()
+        zc = comm.stats()["zero_copy"]
+        if zc["calls"] != calls:
+            bad.append(f"zero-copy calls {zc} of {calls}")
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero_copy_on_symmetric_gpu_tensors(world):
+    for rank, bad in enumerate(run_ranks(world, symmetric_body, timeout=180)):
+        assert not bad, f"rank {rank}: {bad}"

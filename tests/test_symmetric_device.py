@@ -216,7 +216,8 @@ def reuse_body(rank, world, store, iters):
         g.fill_(-1.0)
     bad = []
     for i, (o, a) in enumerate(zip(outs, gathered)):
-        _check(bad, f"all_reduce #{i}", o, torch.full((n,), float(sum(r + i for r in range(world)))))
+        total = float(sum(r + i for r in range(world)))
+        _check(bad, f"all_reduce #{i}", o, torch.full((n,), total))
         _check(bad, f"all_gather #{i}", a,
                torch.cat([torch.full((n,), float(r * i)) for r in range(world)]))
     comm.close()

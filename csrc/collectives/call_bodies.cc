@@ -61,8 +61,7 @@ CallBodies allreduce_bodies(Placement where, Communicator& c, const BufferView& 
       };
     } else {
       b.resident = [&c, si, so, vi, vo, rop, dev](StreamId s, Deadline d) {
-        zero_copy_device_allreduce(c, si, so, on_stream(vi, dev, s), on_stream(vo, dev, s), rop,
-                                   d);
+        zero_copy_device_allreduce(c, si, so, on_stream(vi, dev, s), on_stream(vo, dev, s), rop, d);
       };
     }
   }

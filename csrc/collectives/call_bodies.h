@@ -19,9 +19,9 @@
 namespace pyring {
 
 // A call's bodies, one per place the planner may put it: `host` on host buffers (zero-copy
-// ones too); `resident` on the device buffers themselves (zero-copy ones too); `staged` over host copies of `regions`, or
-// `staged_by_queue` given the call's DeviceQueue and ticket whole (DeviceQueue::run_chunked).
-// Only the body of the call's place is filled.
+// ones too); `resident` on the device buffers themselves (zero-copy ones too); `staged` over host
+// copies of `regions`, or `staged_by_queue` given the call's DeviceQueue and ticket whole
+// (DeviceQueue::run_chunked). Only the body of the call's place is filled.
 struct CallBodies {
   std::function<void(Deadline)> host;
   std::function<void(StreamId, Deadline)> resident;

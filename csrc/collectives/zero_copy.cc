@@ -15,12 +15,11 @@ namespace {
 
 using zero_copy::Call;
 using zero_copy::chunk_first;
-using zero_copy::Sources;
 using zero_copy::kAllGather;
 using zero_copy::kAllReduce;
 using zero_copy::kBroadcast;
 using zero_copy::kReduceScatter;
-
+using zero_copy::Sources;
 
 // Elements reduced per pass over the sources: small enough that the accumulator stays in cache
 // between the sources.

@@ -173,5 +173,4 @@ inline size_t chunk_first(size_t count, int world, int r) {
   return std::min(count, per * static_cast<size_t>(r));     // the last ends at count
 }
 
-
 }  // namespace pyring::zero_copy

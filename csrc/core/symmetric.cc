@@ -33,8 +33,8 @@ struct Record {
   int32_t failed;  // this rank could not make its segment; error says why
   char what[240];
   char error[160];
-  int32_t kind;     // DeviceKind of the memory
-  int32_t index;    // its device
+  int32_t kind;      // DeviceKind of the memory
+  int32_t index;     // its device
   IpcHandle handle;  // a device allocation's, for the local peers
 };
 static_assert(sizeof(Record) == 512);
@@ -200,8 +200,8 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
         a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
       } else {
         const Record& r = all[static_cast<size_t>(local_[li])];
-        a->bases[li] = static_cast<uint8_t*>(
-            device_runtime(device.kind).ipc_open(device.index, r.handle));
+        a->bases[li] =
+            static_cast<uint8_t*>(device_runtime(device.kind).ipc_open(device.index, r.handle));
       }
     }
     ring_barrier(comm, deadline);  // every local rank has mapped every segment

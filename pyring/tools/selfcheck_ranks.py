@@ -21,9 +21,11 @@ KERNEL_BYTES, ALLREDUCE_BYTES = 256 * MIB, 64 * MIB
 # "pyring-staged" binds at the first call (staged through pinned host memory).
 # "pyring-bf16" and "pyring-onebit": the compressed wires, their codec on the GPU (not bound:
 # encoded bytes cross through pinned host memory).
-ALLREDUCE_JOBS = ((1, "copies"), (1, "pyring"), (1, "nccl"), (2, "pyring"), (2, "pyring-staged"),
-                  (2, "pyring-bf16"), (2, "pyring-onebit"), (2, "gloo"), (4, "pyring"),
-                  (4, "pyring-staged"), (4, "gloo"))
+# "pyring-symmetric": the buffer from pyring.empty on cuda:0, so the call runs zero-copy.
+ALLREDUCE_JOBS = ((1, "copies"), (2, "pyring-symmetric"), (1, "pyring"), (1, "nccl"),
+                  (2, "pyring"), (2, "pyring-staged"), (2, "pyring-bf16"), (2, "pyring-onebit"),
+                  (2, "gloo"), (4, "pyring-symmetric"), (4, "pyring"), (4, "pyring-staged"),
+                  (4, "gloo"))
 WIRE_JOBS = {"pyring-bf16": "bf16", "pyring-onebit": "onebit"}
 BOUND_JOBS = ("pyring", "pyring-hostwait")
 
@@ -168,6 +170,9 @@ def allreduce_rank(rank: int, world: int, store: Any, lib: str, nbytes: int, war
         comm = pyring.init(rank, world, store, timeout=timeout,
                            device="cuda:0" if lib in BOUND_JOBS else None)
         transport = comm._c.device_transport
+        if lib == "pyring-symmetric":
+            t = pyring.empty(t.numel(), device="cuda:0", comm=comm).fill_(1.0)
+            transport = "zero-copy"
         call: Callable[[], Any] = lambda: comm.all_reduce(t)  # noqa: E731
         if lib == "pyring-hostwait":
             call = lambda: comm.all_reduce(t, async_op=True).synchronize()  # noqa: E731
@@ -238,6 +243,9 @@ def measure_allreduce(limit: Callable[[float], float]) -> dict[str, Any]:
     if t.get("pyring x2") and d2d:
         # The device ring at 2 ranks copies the buffer once to the peer and back in halves.
         values["pyring_ipc_over_d2d_w2"] = t["pyring x2"] / d2d
+    for w in (2, 4):
+        if t.get(f"pyring-symmetric x{w}") and d2d:  # the target: <= 3 at 2 ranks
+            values[f"symmetric_over_d2d_w{w}"] = t[f"pyring-symmetric x{w}"] / d2d
     out["values"] = values
     bad = [k for k, v in out["runs"].items() if "error" in v or v.get("wrong")]
     if bad:
@@ -248,8 +256,9 @@ def measure_allreduce(limit: Callable[[float], float]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- sanitizer
 # The jobs the self-check runs under compute-sanitizer: each path a 2-rank allreduce takes on
 # one GPU (the device ring over cuda_ipc, staging through pinned host memory, the one-bit wire's
-# device codec), on an odd element count so that no kernel sees only whole blocks.
-SANITIZE_JOBS = ("pyring", "pyring-staged", "pyring-onebit")
+# device codec, zero-copy on symmetric memory), on an odd element count so that no kernel sees
+# only whole blocks.
+SANITIZE_JOBS = ("pyring", "pyring-staged", "pyring-onebit", "pyring-symmetric")
 SANITIZE_ELEMENTS = (1 << 18) + 37
 
 
