@@ -139,7 +139,9 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
         transports = {p: channels[""].transport_of(p) for p in needed}
         model = _link_model(cfg, peers, host_of)
         reduce_rate = model.pop("reduce")[1]
-        spin_us = _spin_us(local_world)  # from the CPUs the launcher gave, before binding
+        # From the CPUs the launcher gave, before binding.
+        shared_cores = _shares_cores(local_world)
+        spin_us = _spin_us(local_world)
         # Before the core starts its threads: they inherit the binding.
         cpus, why = _affinity.plan(cfg.affinity, me["cpus"], [peers[r]["cpus"] for r in local],
                                    local_index)
@@ -154,7 +156,7 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
                                channels["p2p"], cfg.flight_entries,
                                SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
-        core.enable_symmetric(local, job_id)
+        core.enable_symmetric(local, job_id, shared_cores)
         _device_links.connect(core, store, rank, world, peers, device, cfg, job_id, needed,
                               local_index, local_world)
         if world > 1:
@@ -220,9 +222,13 @@ def _spin_us(local_world: int) -> int:
     spin = _settings.read("PYRING_SPIN_US")
     if spin is not None:
         return spin
-    if local_world <= len(os.sched_getaffinity(0)):
-        return _settings.SPIN_US_OWN_CORE
-    return _settings.SPIN_US_SHARED_CORES
+    return _settings.SPIN_US_SHARED_CORES if _shares_cores(local_world) else \
+        _settings.SPIN_US_OWN_CORE
+
+
+def _shares_cores(local_world: int) -> bool:
+    """Whether this host's ranks outnumber the CPUs the launcher gave this one."""
+    return local_world > len(os.sched_getaffinity(0))
 
 
 def default() -> Communicator:

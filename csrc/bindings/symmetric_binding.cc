@@ -68,12 +68,12 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
           "process.");
   cls.def(
          "enable_symmetric",
-         [](Communicator& c, std::vector<int> local, std::string job) {
-           c.enable_symmetric(std::move(local), std::move(job));
+         [](Communicator& c, std::vector<int> local, std::string job, bool shared_cores) {
+           c.enable_symmetric(std::move(local), std::move(job), shared_cores);
          },
-         py::arg("local"), py::arg("job"),
+         py::arg("local"), py::arg("job"), py::arg("shared_cores") = false,
          "Symmetric memory over `local` (this host's ranks, in rank order), segments named after "
-         "`job`. Once, at init.")
+         "`job`; shared_cores: some local ranks share a core. Once, at init.")
       .def(
           "symmetric_empty",
           [](py::object self, size_t bytes, const std::string& what, int kind, int index) {

@@ -265,9 +265,10 @@ void Communicator::count_call(Algo algo) {
   recorder_.set_algo(algo_name(algo));
 }
 
-void Communicator::enable_symmetric(std::vector<int> local, std::string job) {
+void Communicator::enable_symmetric(std::vector<int> local, std::string job, bool shared_cores) {
   PYRING_CHECK_ARG(!symmetric_, "symmetric memory is enabled once, at init");
-  symmetric_ = std::make_unique<SymmetricHeap>(rank_, std::move(local), std::move(job));
+  symmetric_ =
+      std::make_unique<SymmetricHeap>(rank_, std::move(local), std::move(job), shared_cores);
 }
 
 void Communicator::run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -75,6 +76,11 @@ uint8_t* map_segment(const std::string& name, size_t bytes, bool create) {
   return static_cast<uint8_t*>(p);
 }
 
+// How long a waiting rank whose core is shared yields it before it sleeps (SymmetricHeap::wait).
+// At 4 ranks on this machine's 2 cores, 64 KiB all_reduce: 230 us spinning 20 us then sleeping,
+// 142 us yielding 200 us after the spin, 66 us yielding from the start (Open MPI: 75 us).
+constexpr std::chrono::microseconds kYieldFor{2000};
+
 bool process_gone(int32_t pid) {
   return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
 }
@@ -95,8 +101,8 @@ SymmetricAllocation::~SymmetricAllocation() {
   }
 }
 
-SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job)
-    : rank_(rank), local_(std::move(local)), job_(std::move(job)) {
+SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores)
+    : rank_(rank), local_(std::move(local)), job_(std::move(job)), shared_cores_(shared_cores) {
   auto it = std::find(local_.begin(), local_.end(), rank_);
   PYRING_CHECK_ARG(it != local_.end(), "symmetric memory: rank ", rank_,
                    " is not among its host's ranks");
@@ -313,13 +319,24 @@ void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadl
   SymmetricControl& c = control(li);
   auto reached = [&](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
   if (reached(c.phase.load(std::memory_order_acquire))) return;
-  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
-  do {
-    for (int k = 0; k < 64; ++k) {
+  if (shared_cores_) {
+    // The peer this rank waits for may be the one its core would run next: yield to it, for
+    // longer than a spin (a sleep would cost a wake-up across cores).
+    const Clock::time_point until =
+        Clock::now() + std::max(kYieldFor, std::chrono::microseconds(spin_us));
+    do {
+      sched_yield();
       if (reached(c.phase.load(std::memory_order_acquire))) return;
-      cpu_relax();
-    }
-  } while (Clock::now() < spin_until);
+    } while (Clock::now() < until);
+  } else {
+    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
+    do {
+      for (int k = 0; k < 64; ++k) {
+        if (reached(c.phase.load(std::memory_order_acquire))) return;
+        cpu_relax();
+      }
+    } while (Clock::now() < spin_until);
+  }
   const int peer = local_[li];
   for (;;) {
     if (c.aborted.load(std::memory_order_acquire) != 0) {

@@ -93,8 +93,9 @@ constexpr size_t kStagingBytes = 64 << 10;
 class SymmetricHeap {
  public:
   // `local`: the ranks of this host, this one included, in rank order; `job`: the job's id
-  // (it names the segments).
-  SymmetricHeap(int rank, std::vector<int> local, std::string job);
+  // (it names the segments); `shared_cores`: some local ranks share a core (a waiting rank
+  // yields its core rather than spinning on it).
+  SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores);
   ~SymmetricHeap();
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
@@ -134,7 +135,9 @@ class SymmetricHeap {
   }
   // Posts this rank's phase and wakes peers asleep on it.
   void raise(uint32_t phase);
-  // Returns once local rank `li` has raised its phase to `target` or past it (phases wrap).
+  // Returns once local rank `li` has raised its phase to `target` or past it (phases wrap):
+  // polls for spin_us (yielding the core for longer where cores are shared), then sleeps on the
+  // futex in 1 ms slices.
   // Throws PeerLost when that rank died or gave up, TimeoutError at the deadline, and CommError
   // when `seq` is non-zero and that rank entered collective `seq` on the slot path.
   void wait(size_t li, uint32_t target, int spin_us, Deadline deadline, const char* what,
@@ -189,6 +192,7 @@ class SymmetricHeap {
   std::vector<int> local_;
   int my_ = 0;
   std::string job_;
+  bool shared_cores_;
   uint64_t next_id_ = 0;  // written by allocate (a collective: one at a time)
   uint32_t base_ = 0;     // written by the running collective
   uint64_t entered_ = 0;  // written by the running collective
