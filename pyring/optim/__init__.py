@@ -20,19 +20,11 @@ from typing import Any
 
 from ..api import default
 from ..errors import Error
+from ..runtime import symmetric as _symmetric
 from ..runtime.agree import check_same_on_all_ranks, describe
 from .compression import GradientExchange
 
 _FLOATS = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
-
-
-def _symmetric_buckets(comm: Any, p0: Any) -> bool:
-    """Buckets are symmetric tensors (pyring.empty) where their exchange can run zero-copy:
-    CPU parameters and a pyring communicator of more than one rank, all on this host."""
-    from ..communicator import Communicator
-
-    return (isinstance(comm, Communicator) and p0.device.type == "cpu"
-            and comm.world_size > 1 and comm.local_world_size == comm.world_size)
 
 
 class _Bucket:
@@ -105,8 +97,8 @@ class _GradSync:
         for b in self.buckets:
             p0 = params[b.members[0]]
             n = b.numel + len(b.members)
-            if symmetric and _symmetric_buckets(comm, p0):  # the same buckets on every rank
-                b.buf = comm.empty(n, dtype=p0.dtype)  # zeroed; its all_reduce is zero-copy
+            if symmetric:  # the same buckets on every rank: collective
+                b.buf = _symmetric.zeros(comm, n, p0.dtype, p0.device)
             else:
                 b.buf = torch.zeros(n, dtype=p0.dtype, device=p0.device)
             b.missing = len(b.members)
@@ -303,11 +295,11 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
     The per-parameter flags always travel exactly.
 
-    ``symmetric_buckets`` (default None: wherever the exchange can run zero-copy, that is CPU
-    parameters and a communicator of more than one rank, all on this host): the buckets are
-    ``pyring.empty`` tensors, so their all-reduces read the peers' buckets in place instead of
-    copying through shm slots (docs/symmetric.md); the results are the same. False: private
-    buckets.
+    ``symmetric_buckets`` (default None: wherever the exchange can run zero-copy, that is a
+    communicator of more than one rank, all on this host, and CPU or CUDA parameters): the
+    buckets are ``pyring.empty`` tensors, so their all-reduces read the peers' buckets in place
+    instead of copying through shm slots or device inboxes (docs/symmetric.md); the results are
+    the same. False: private buckets.
 
     Added methods:
       - ``synchronize()``: launches the remaining buckets and waits; afterwards ``.grad``

@@ -35,6 +35,7 @@ import torch
 
 from ..api import default
 from ..runtime import devices as _devices
+from ..runtime import symmetric as _symmetric
 from .compression import STATELESS_WIRES, OneBitState, all_reduce_wire
 
 _WARMUP_WIRES = STATELESS_WIRES  # the warm-up averages afresh: no error feedback to keep
@@ -93,7 +94,8 @@ class OneBitAdam(torch.optim.Optimizer):
         self.m = torch.zeros(n, device=dev)
         self.v = torch.zeros(n, device=dev)
         self.onebit = OneBitState()
-        self._grad = torch.zeros(n, device=dev)
+        # Its fp32 exchanges (warm-up, variance) run zero-copy where they can.
+        self._grad = _symmetric.zeros(self.comm, n, torch.float32, dev)
 
     def _flat_grad(self) -> Any:
         off = 0

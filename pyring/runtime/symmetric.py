@@ -88,3 +88,19 @@ class _CudaBlock:
             "version": 3, "strides": None, "stream": None,
         }
 
+
+
+def zeros(comm: Any, n: int, dtype: Any, device: Any) -> Any:
+    """A zeroed flat buffer of ``n`` elements for exchanges over ``comm``: symmetric
+    (pyring.empty, collective: every rank calls it alike) where they can run zero-copy, that is
+    on a pyring communicator of more than one rank, all on this host, and a device pyring.empty
+    allocates on; a private tensor otherwise."""
+    import torch
+
+    from ..communicator import Communicator
+
+    if (isinstance(comm, Communicator) and comm.world_size > 1
+            and comm.local_world_size == comm.world_size
+            and torch.device(device).type in DEVICES):
+        return empty(comm, n, dtype=dtype, device=device)
+    return torch.zeros(n, dtype=dtype, device=device)
