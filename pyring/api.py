@@ -156,7 +156,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
                                channels["p2p"], cfg.flight_entries,
                                SHM_COPIES.index(cfg.shm_copy), cfg.socket_nstreams)
         core.single_copy_bytes = cfg.single_copy_bytes
-        core.enable_symmetric(local, job_id, shared_cores)
+        core.enable_symmetric(local, job_id, shared_cores,
+                              _hosts_tree(groups, host_of, local_world))
         _device_links.connect(core, store, rank, world, peers, device, cfg, job_id, needed,
                               local_index, local_world)
         if world > 1:
@@ -224,6 +225,15 @@ def _spin_us(local_world: int) -> int:
         return spin
     return _settings.SPIN_US_SHARED_CORES if _shares_cores(local_world) else \
         _settings.SPIN_US_OWN_CORE
+
+
+def _hosts_tree(groups: list, host_of: list[int], local_world: int) -> bool:
+    """Whether the job spans several hosts of as many ranks each (more than one) and its
+    topology's one level groups the ranks by host: all_reduce on symmetric tensors then runs
+    zero-copy within each host (alike on every rank: from what every rank knows)."""
+    hosts = sorted(sorted(r for r, h in enumerate(host_of) if h == k) for k in set(host_of))
+    return (len(hosts) > 1 and local_world > 1 and len({len(g) for g in hosts}) == 1
+            and len(groups) == 1 and sorted(sorted(g) for g in groups[0]) == hosts)
 
 
 def _shares_cores(local_world: int) -> bool:

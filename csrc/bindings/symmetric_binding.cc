@@ -68,12 +68,15 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
           "process.");
   cls.def(
          "enable_symmetric",
-         [](Communicator& c, std::vector<int> local, std::string job, bool shared_cores) {
-           c.enable_symmetric(std::move(local), std::move(job), shared_cores);
+         [](Communicator& c, std::vector<int> local, std::string job, bool shared_cores,
+            bool across_hosts) {
+           c.enable_symmetric(std::move(local), std::move(job), shared_cores, across_hosts);
          },
          py::arg("local"), py::arg("job"), py::arg("shared_cores") = false,
+         py::arg("across_hosts") = false,
          "Symmetric memory over `local` (this host's ranks, in rank order), segments named after "
-         "`job`; shared_cores: some local ranks share a core. Once, at init.")
+         "`job`; shared_cores: some local ranks share a core; across_hosts: the job spans hosts "
+         "of as many ranks each, grouped by host in its topology. Once, at init.")
       .def(
           "symmetric_empty",
           [](py::object self, size_t bytes, const std::string& what, int kind, int index) {

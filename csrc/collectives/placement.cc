@@ -32,10 +32,13 @@ Plan decide(const Communicator& comm, const CallDesc& call) {
   const bool zero_copy_kind =
       call.kind == CallKind::kAllReduce || call.kind == CallKind::kReduceScatter ||
       call.kind == CallKind::kAllGather || call.kind == CallKind::kBroadcast || exact_wire;
-  if (zero_copy_kind && zero_copy_possible(comm) &&
+  const bool all_reduce = call.kind == CallKind::kAllReduce || exact_wire;
+  const bool across_hosts = all_reduce && call.device.is_cpu() && zero_copy_across_hosts(comm);
+  if (zero_copy_kind && (zero_copy_possible(comm) || across_hosts) &&
       comm.symmetric()->find(call.read, call.read_bytes, call.device)) {
     return {Placement::kZeroCopy,
-            call.device.is_cpu()
+            across_hosts ? std::string("symmetric memory, zero-copy within each host")
+            : call.device.is_cpu()
                 ? std::string("symmetric memory, every rank on this host")
                 : str_cat(call.device.str(), ": symmetric device memory, every rank on this host")};
   }

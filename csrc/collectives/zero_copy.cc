@@ -69,6 +69,9 @@ bool zero_copy_possible(const Communicator& comm) {
 void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const SymmetricSpan& so,
                          const BufferView& in, const BufferView& out, ReduceOp op,
                          Deadline deadline) {
+  if (!comm.symmetric()->whole(comm.size())) {
+    return zero_copy_hosts_allreduce(comm, si, so, in, out, op, deadline);
+  }
   const size_t bytes = in.bytes(), es = dtype_size(in.dtype), n = in.count;
   const bool in_place = in.data == out.data;
   const bool staged = bytes <= kOneShotBytes && comm.size() > 2;

@@ -42,12 +42,22 @@ static_assert(kOneShotBytes <= kStagingBytes);
 // Whether `comm` can run zero-copy collectives: every rank is on this host and symmetric
 // memory is mapped.
 bool zero_copy_possible(const Communicator& comm);
+// Whether `comm` can run all_reduce on symmetric host memory across hosts
+// (zero_copy_hosts.cc): hosts of as many ranks each, grouped by host in the topology, and
+// symmetric memory mapped. zero_copy_allreduce then runs that schedule.
+bool zero_copy_across_hosts(const Communicator& comm);
 
 // out = op over ranks of in. `in` lies in symmetric memory (span `si`); `so` is out's span, or
-// empty where out is private (then the call runs one-shot at any size). in may be out.
+// empty where out is private (then the call runs one-shot at any size). in may be out. Across
+// hosts (zero_copy_across_hosts) it runs zero_copy_hosts_allreduce.
 void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const SymmetricSpan& so,
                          const BufferView& in, const BufferView& out, ReduceOp op,
                          Deadline deadline);
+// The same across hosts: within each host zero-copy, across them a ring over the links. A
+// private out of place runs the links' schedule instead (the peers cannot read it).
+void zero_copy_hosts_allreduce(Communicator& comm, const SymmetricSpan& si, const SymmetricSpan& so,
+                               const BufferView& in, const BufferView& out, ReduceOp op,
+                               Deadline deadline);
 // out (count m) = op over ranks of chunk `rank` of in (count size * m); in symmetric.
 void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const BufferView& in,
                               const BufferView& out, ReduceOp op, Deadline deadline);

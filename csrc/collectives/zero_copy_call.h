@@ -16,7 +16,13 @@
 
 namespace pyring::zero_copy {
 
-enum ZeroCopyKind : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3, kBroadcast = 4 };
+enum ZeroCopyKind : uint32_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kHostsAllReduce = 5,
+};
 
 // Where the cores are far (vCPUs on different core complexes), reading memory a peer just
 // wrote costs more than the slots' streamed copies: 2-rank all_reduce on this machine in that

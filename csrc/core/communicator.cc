@@ -265,10 +265,11 @@ void Communicator::count_call(Algo algo) {
   recorder_.set_algo(algo_name(algo));
 }
 
-void Communicator::enable_symmetric(std::vector<int> local, std::string job, bool shared_cores) {
+void Communicator::enable_symmetric(std::vector<int> local, std::string job, bool shared_cores,
+                                    bool across_hosts) {
   PYRING_CHECK_ARG(!symmetric_, "symmetric memory is enabled once, at init");
-  symmetric_ =
-      std::make_unique<SymmetricHeap>(rank_, std::move(local), std::move(job), shared_cores);
+  symmetric_ = std::make_unique<SymmetricHeap>(rank_, std::move(local), std::move(job),
+                                               shared_cores, across_hosts);
 }
 
 void Communicator::run_sync(const CollectiveDesc& desc, const std::function<void(Deadline)>& fn) {

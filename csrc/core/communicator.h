@@ -132,9 +132,10 @@ class Communicator {
   Link* device_link(int peer) const;
 
   // Symmetric memory (core/symmetric.h) over `local`, this host's ranks, with segments named
-  // after `job`: made once, at init; null before (then no tensor is symmetric). shared_cores:
-  // some local ranks share a core.
-  void enable_symmetric(std::vector<int> local, std::string job, bool shared_cores);
+  // after `job`: made once, at init; null before (then no tensor is symmetric). shared_cores
+  // and across_hosts: as SymmetricHeap's.
+  void enable_symmetric(std::vector<int> local, std::string job, bool shared_cores,
+                        bool across_hosts);
   SymmetricHeap* symmetric() const { return symmetric_.get(); }
 
   // Scratch memory for the collective that runs now; valid until the next call (a larger

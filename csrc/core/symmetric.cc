@@ -101,8 +101,13 @@ SymmetricAllocation::~SymmetricAllocation() {
   }
 }
 
-SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores)
-    : rank_(rank), local_(std::move(local)), job_(std::move(job)), shared_cores_(shared_cores) {
+SymmetricHeap::SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores,
+                             bool across_hosts)
+    : rank_(rank),
+      local_(std::move(local)),
+      job_(std::move(job)),
+      shared_cores_(shared_cores),
+      across_hosts_(across_hosts) {
   auto it = std::find(local_.begin(), local_.end(), rank_);
   PYRING_CHECK_ARG(it != local_.end(), "symmetric memory: rank ", rank_,
                    " is not among its host's ranks");
@@ -256,6 +261,11 @@ SymmetricSpan SymmetricHeap::find(const void* data, size_t bytes, const Device& 
     }
   }
   return {};
+}
+
+int SymmetricHeap::local_of(int rank) const {
+  auto it = std::find(local_.begin(), local_.end(), rank);
+  return it == local_.end() ? -1 : static_cast<int>(it - local_.begin());
 }
 
 size_t SymmetricHeap::allocated_bytes() const {

@@ -94,8 +94,11 @@ class SymmetricHeap {
  public:
   // `local`: the ranks of this host, this one included, in rank order; `job`: the job's id
   // (it names the segments); `shared_cores`: some local ranks share a core (a waiting rank
-  // yields its core rather than spinning on it).
-  SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores);
+  // yields its core rather than spinning on it); `across_hosts`: the job spans several hosts
+  // of as many ranks each, grouped by host in its topology (collectives/zero_copy.h's
+  // all_reduce across hosts), alike on every rank.
+  SymmetricHeap(int rank, std::vector<int> local, std::string job, bool shared_cores,
+                bool across_hosts);
   ~SymmetricHeap();
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
@@ -126,6 +129,9 @@ class SymmetricHeap {
   int global_rank(size_t li) const { return local_[li]; }
   // Whether every rank of a world of `world` is on this host.
   bool whole(int world) const { return static_cast<int>(local_.size()) == world; }
+  bool across_hosts() const { return across_hosts_; }
+  // The local index of global rank `rank`, or -1.
+  int local_of(int rank) const;
 
   // The zero-copy flags (valid once the first allocation is made).
   SymmetricControl& control(size_t li) const { return *controls_[li]; }
@@ -193,6 +199,7 @@ class SymmetricHeap {
   int my_ = 0;
   std::string job_;
   bool shared_cores_;
+  bool across_hosts_;
   uint64_t next_id_ = 0;  // written by allocate (a collective: one at a time)
   uint32_t base_ = 0;     // written by the running collective
   uint64_t entered_ = 0;  // written by the running collective

@@ -114,6 +114,8 @@ const char* collective_kind_name(uint32_t kind) {
       return "scatter";
     case CollectiveKind::kAllToAll:
       return "all_to_all";
+    case CollectiveKind::kHostsAllReduce:
+      return "all_reduce (zero-copy within each host)";
   }
   return "an unknown collective";
 }

@@ -43,6 +43,10 @@ enum class CollectiveKind : uint32_t {
   kGather = 6,
   kScatter = 7,
   kAllToAll = 8,
+  // all_reduce zero-copy within each host, its leaders' phase over the links
+  // (collectives/zero_copy.h): apart from kAllReduce so that ranks on different paths fail
+  // their headers rather than pair their phases.
+  kHostsAllReduce = 9,
 };
 // The torch name of `kind`, or "an unknown collective".
 const char* collective_kind_name(uint32_t kind);
