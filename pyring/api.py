@@ -140,8 +140,8 @@ def _connect(meeting: rendezvous.Meeting, cfg: Any, device: str | None) -> Commu
         model = _link_model(cfg, peers, host_of)
         reduce_rate = model.pop("reduce")[1]
         # From the CPUs the launcher gave, before binding.
-        shared_cores = _shares_cores(local_world)
-        spin_us = _spin_us(local_world)
+        shared_cores = _shares_cores([peers[r]["cpus"] for r in local])
+        spin_us = _spin_us(shared_cores)
         # Before the core starts its threads: they inherit the binding.
         cpus, why = _affinity.plan(cfg.affinity, me["cpus"], [peers[r]["cpus"] for r in local],
                                    local_index)
@@ -218,13 +218,12 @@ def _link_model(cfg: Any, peers: list[dict], host_of: list[int]) -> dict:
     return model
 
 
-def _spin_us(local_world: int) -> int:
+def _spin_us(shared_cores: bool) -> int:
     """PYRING_SPIN_US, else by whether every local rank has a core of its own (_settings)."""
     spin = _settings.read("PYRING_SPIN_US")
     if spin is not None:
         return spin
-    return _settings.SPIN_US_SHARED_CORES if _shares_cores(local_world) else \
-        _settings.SPIN_US_OWN_CORE
+    return _settings.SPIN_US_SHARED_CORES if shared_cores else _settings.SPIN_US_OWN_CORE
 
 
 def _hosts_tree(groups: list, host_of: list[int], local_world: int) -> bool:
@@ -236,9 +235,10 @@ def _hosts_tree(groups: list, host_of: list[int], local_world: int) -> bool:
             and len(groups) == 1 and sorted(sorted(g) for g in groups[0]) == hosts)
 
 
-def _shares_cores(local_world: int) -> bool:
-    """Whether this host's ranks outnumber the CPUs the launcher gave this one."""
-    return local_world > len(os.sched_getaffinity(0))
+def _shares_cores(local_cpus: list[list[int]]) -> bool:
+    """Whether this host's ranks outnumber the CPUs they may run on together (each rank's CPUs
+    as the launcher, or an earlier communicator's binding, left them)."""
+    return len(set().union(*map(set, local_cpus))) < len(local_cpus)
 
 
 def default() -> Communicator:

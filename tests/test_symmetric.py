@@ -305,3 +305,12 @@ def backend_body(rank, world, store):
 def test_the_torch_backend_takes_the_zero_copy_path():
     for got in run_ranks(2, backend_body, timeout=120):
         assert got == (3.0, [3.0] * 8, [0.0] * 8 + [1.0] * 8, [1.0] * 8, 4), got
+
+
+def test_cores_are_shared_only_where_ranks_outnumber_their_cpus():
+    from pyring.api import _shares_cores
+
+    assert not _shares_cores([[0, 1], [0, 1]])  # free to run anywhere: one core each
+    assert not _shares_cores([[0], [1]])  # bound apart by an earlier communicator
+    assert _shares_cores([[0, 1]] * 4)  # 4 ranks on 2 cores
+    assert _shares_cores([[0], [0]])

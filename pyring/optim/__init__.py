@@ -296,7 +296,8 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     The per-parameter flags always travel exactly.
 
     ``symmetric_buckets`` (default None: wherever the exchange can run zero-copy, that is a
-    communicator of more than one rank, all on this host, and CPU or CUDA parameters): the
+    communicator whose ranks have local peers, all on this host, with CPU or CUDA parameters,
+    or CPU parameters on hosts of as many ranks each): the
     buckets are ``pyring.empty`` tensors, so their all-reduces read the peers' buckets in place
     instead of copying through shm slots or device inboxes (docs/symmetric.md); the results are
     the same. False: private buckets.

@@ -93,14 +93,15 @@ class _CudaBlock:
 def zeros(comm: Any, n: int, dtype: Any, device: Any) -> Any:
     """A zeroed flat buffer of ``n`` elements for exchanges over ``comm``: symmetric
     (pyring.empty, collective: every rank calls it alike) where they can run zero-copy, that is
-    on a pyring communicator of more than one rank, all on this host, and a device pyring.empty
-    allocates on; a private tensor otherwise."""
+    on a pyring communicator whose ranks have local peers, on a device pyring.empty allocates on,
+    every rank on this host (host memory: or on hosts of as many ranks each, where all_reduce
+    runs zero-copy within each host); a private tensor otherwise."""
     import torch
 
     from ..communicator import Communicator
 
-    if (isinstance(comm, Communicator) and comm.world_size > 1
-            and comm.local_world_size == comm.world_size
-            and torch.device(device).type in DEVICES):
+    dev = torch.device(device)
+    if (isinstance(comm, Communicator) and comm.local_world_size > 1 and dev.type in DEVICES
+            and (comm.local_world_size == comm.world_size or dev.type == "cpu")):
         return empty(comm, n, dtype=dtype, device=device)
     return torch.zeros(n, dtype=dtype, device=device)
