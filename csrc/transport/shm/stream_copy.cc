@@ -10,7 +10,6 @@
 
 namespace pyring {
 
-namespace {
 #if defined(__x86_64__)
 void copy_nontemporal(uint8_t* dst, const uint8_t* src, size_t n) {
   size_t head = (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64;
@@ -32,6 +31,18 @@ void copy_nontemporal(uint8_t* dst, const uint8_t* src, size_t n) {
   std::memcpy(dst + body, src + body, n - body);
 }
 
+void fence_nontemporal() {
+  _mm_sfence();
+}
+#else
+void copy_nontemporal(uint8_t* dst, const uint8_t* src, size_t n) {
+  std::memcpy(dst, src, n);
+}
+void fence_nontemporal() {}
+#endif
+
+namespace {
+#if defined(__x86_64__)
 void copy_with(uint8_t* dst, const uint8_t* src, size_t n, bool streaming) {
   if (streaming) {
     copy_nontemporal(dst, src, n);

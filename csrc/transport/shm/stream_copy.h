@@ -6,6 +6,12 @@
 
 namespace pyring {
 
+// Copies n bytes with non-temporal stores (whole lines written without being read first; off
+// x86-64, memcpy). The caller fences (_mm_sfence) before publishing them to another thread.
+void copy_nontemporal(uint8_t* dst, const uint8_t* src, size_t n);
+// Orders the non-temporal stores before the stores that follow (x86-64: sfence).
+void fence_nontemporal();
+
 // How a rank copies its sends into a peer's shm slots; the bindings export the names in code
 // order (pyring._C.SHM_COPY_NAMES).
 enum class ShmCopy : int { kAuto = 0, kCached = 1, kStreaming = 2 };
