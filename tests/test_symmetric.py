@@ -314,3 +314,21 @@ def test_cores_are_shared_only_where_ranks_outnumber_their_cpus():
     assert not _shares_cores([[0], [1]])  # bound apart by an earlier communicator
     assert _shares_cores([[0, 1]] * 4)  # 4 ranks on 2 cores
     assert _shares_cores([[0], [0]])
+
+
+def output_mismatch_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    x = comm.empty(1000)
+    out = comm.empty(1000)
+    # Rank 0 reduces in place, rank 1 into its symmetric out: their two-shot writes would miss.
+    if rank == 0:
+        return _attempt(comm.all_reduce, x)
+    return _attempt(lambda: comm.all_reduce(x, out=out))
+
+
+def test_ranks_whose_outputs_differ_fail_naming_both():
+    for msg, took in run_ranks(2, output_mismatch_body, timeout=120):
+        assert "ranks disagree on the zero-copy call" in msg and "output" in msg, msg
+        assert took < 10

@@ -35,21 +35,30 @@ const KernelSite kHost{};
 // (1495-1982 us against 944-1041), whose output the peer's copy finds in cache.
 constexpr size_t kStreamOutFrom = 16 << 20;
 
-// out[0, n) = op over srcs[k][0, n), k in the order given, tile by tile; out may be the last
-// source (element for element). `acc` holds 2 * kTileBytes: the accumulation type's tile and
-// the streamed output's.
-void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out, size_t n,
+// Where a reduction writes: one output, or the same bytes into several (each rank's tensor).
+struct Outs {
+  std::array<uint8_t*, kMaxLocalWorld> p;  // [0, n) set
+  size_t n = 0;
+  void push_back(uint8_t* o) { p[n++] = o; }
+};
+
+// outs[j][0, n) = op over srcs[k][0, n), k in the order given, tile by tile; an output may be
+// a source (element for element: each tile is read whole before it is written). `acc` holds
+// 2 * kTileBytes: the accumulation type's tile and the output's.
+void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& outs, size_t n,
                     int world, uint8_t* acc) {
   const size_t es = dtype_size(dtype);
   const size_t ws = dtype_size(accum_dtype(dtype));
   const size_t k = srcs.size();
+  uint8_t* out = outs.p[0];
   if (k == 1) {
     kern::finish_single(kHost, dtype, srcs[0], out, n);
     return;
   }
   const bool same = accum_dtype(dtype) == dtype;
   const size_t tile = kTileBytes / ws;
-  uint8_t* stage = n * es >= kStreamOutFrom ? acc + kTileBytes : nullptr;
+  const bool streamed = n * es >= kStreamOutFrom;
+  uint8_t* stage = streamed || outs.n > 1 ? acc + kTileBytes : nullptr;
   for (size_t at = 0; at < n; at += tile) {
     const size_t m = std::min(tile, n - at);
     auto src = [&](size_t i) { return srcs[i] + at * es; };
@@ -67,12 +76,23 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out,
     }
     if (stage) {
       kern::finish(kHost, dtype, op, src(k - 1), b, stage, m, world);
-      copy_nontemporal(out + at * es, stage, m * es);
+      for (size_t j = 0; j < outs.n; ++j) {
+        streamed ? copy_nontemporal(outs.p[j] + at * es, stage, m * es)
+                 : kern::copy(kHost, outs.p[j] + at * es, stage, m * es);
+      }
     } else {
       kern::finish(kHost, dtype, op, src(k - 1), b, out + at * es, m, world);
     }
   }
-  if (stage) fence_nontemporal();  // before the phase that publishes out
+  if (streamed) fence_nontemporal();  // before the phase that publishes the outputs
+}
+
+// reduce_sources into one output.
+void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out, size_t n,
+                    int world, uint8_t* acc) {
+  Outs outs;
+  outs.push_back(out);
+  reduce_sources(dtype, op, srcs, outs, n, world, acc);
 }
 
 }  // namespace
@@ -94,6 +114,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   const bool one_shot = staged || (!in_place && !so);
   Call call(comm, "zero-copy all_reduce", kAllReduce, si, bytes, in.dtype, static_cast<int>(op), -1,
             deadline, true);
+  call.output(in_place ? si : so);
   const int w = call.world(), me = call.me();
   auto slots = [&] {
     call.run_slots([&](Deadline d) { allreduce(comm, in, out, op, comm.options().algo, d); });
@@ -106,7 +127,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
                        staged ? "one-shot from each rank's staging area (small: one round of flags)"
                        : one_shot
                            ? "one-shot (a private output)"
-                           : "two-shot (each rank reduces its chunk, then copies the others')");
+                           : "two-shot (each rank reduces its chunk into every rank's output)");
       });
     }
   };
@@ -139,31 +160,24 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     call.timed();
     return;
   }
-  // Two-shot: rank r reduces chunk r into its own output, then copies the others' chunks.
+  // Two-shot: rank r reduces chunk r and writes it into every rank's output (the peers read
+  // and write only other chunks meanwhile), so each rank reads the buffer once and writes it
+  // once, and the call needs no round after the reduction.
   const SymmetricSpan& dst = in_place ? si : so;
   const size_t f = chunk_first(n, w, me), l = chunk_first(n, w, me + 1);
   for (int li = 0; li < w; ++li) {  // the peers in rank order, this rank's own last
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }
   srcs.push_back(static_cast<const uint8_t*>(in.data) + f * es);
-  if (l > f) {
-    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data) + f * es, l - f, w, acc);
-  }
-  call.post(2);  // this rank's chunk is reduced, and it reads the peers' inputs no more
-  call.wait_all(2);
-  size_t read = (l - f) * es * static_cast<size_t>(w - 1);
+  Outs outs;
+  outs.push_back(static_cast<uint8_t*>(out.data) + f * es);
   for (int li = 0; li < w; ++li) {
-    if (li == me) continue;
-    const size_t pf = chunk_first(n, w, li), pl = chunk_first(n, w, li + 1);
-    if (pl > pf) {
-      kern::copy(kHost, static_cast<uint8_t*>(out.data) + pf * es,
-                 dst.at(static_cast<size_t>(li)) + pf * es, (pl - pf) * es);
-      read += (pl - pf) * es;
-    }
+    if (li != me) outs.push_back(dst.at(static_cast<size_t>(li)) + f * es);
   }
-  call.post(3);  // done reading the peers' outputs
-  call.moved(read);
-  call.wait_all(3);
+  if (l > f) reduce_sources(in.dtype, op, srcs, outs, l - f, w, acc);
+  call.post(2);  // this rank's chunk is everywhere, and it touches the peers' memory no more
+  call.moved(2 * (l - f) * es * static_cast<size_t>(w - 1));
+  call.wait_all(2);
   call.timed();
 }
 

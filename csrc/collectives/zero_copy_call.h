@@ -58,6 +58,8 @@ class Call {
     c.bytes = bytes;
     c.dtype = static_cast<int32_t>(dtype);
     c.op = op;
+    c.out_alloc = 0;
+    c.out_offset = 0;
     if (may_use_slots_) {
       class_ = SymmetricHeap::size_class(bytes);
       bytes_ = bytes;
@@ -87,6 +89,14 @@ class Call {
     if (!may_use_slots_ || bytes_ == 0) return;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_);
     heap_.add_cost(class_, slots_, static_cast<uint64_t>(ns.count()) * 1024 / bytes_);
+  }
+  // all_reduce: where this rank's output is (`so`, or the input's span where in place; empty:
+  // private), so that the ranks check they agree before any writes or reads another's. Call
+  // before start().
+  void output(const SymmetricSpan& so) {
+    SymmetricCall& c = heap_.control(me_).call[parity()];
+    c.out_alloc = so ? so.alloc->id : 0;
+    c.out_offset = so ? so.offset : 0;
   }
   // Enters: this rank's data is in place for the peers.
   void start() { heap_.raise(base_ + 1); }
@@ -135,13 +145,17 @@ class Call {
     auto text = [](const SymmetricCall& c) {
       return str_cat("{collective #", c.seq, ", kind ", c.kind, ", allocation ", c.alloc,
                      " at offset ", c.offset, ", ", c.bytes, " bytes, dtype ", c.dtype, ", op ",
-                     c.op, ", root ", c.root, "}");
+                     c.op, ", root ", c.root, ", output ",
+                     c.out_alloc ? str_cat("allocation ", c.out_alloc, " at offset ", c.out_offset)
+                                 : std::string("private"),
+                     "}");
     };
     // all_gather's inputs may lie at different offsets (each rank's own chunk of the output).
     const bool same_offset = mine.kind == kAllGather || theirs.offset == mine.offset;
     PYRING_CHECK(theirs.seq == mine.seq && theirs.kind == mine.kind && theirs.alloc == mine.alloc &&
                      same_offset && theirs.bytes == mine.bytes && theirs.dtype == mine.dtype &&
-                     theirs.op == mine.op && theirs.root == mine.root,
+                     theirs.op == mine.op && theirs.root == mine.root &&
+                     theirs.out_alloc == mine.out_alloc && theirs.out_offset == mine.out_offset,
                  CommError, what_, ": ranks disagree on the zero-copy call: rank ",
                  heap_.global_rank(static_cast<size_t>(li)), " posted ", text(theirs),
                  ", this rank ", text(mine));

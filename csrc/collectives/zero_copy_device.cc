@@ -82,6 +82,7 @@ void zero_copy_device_allreduce(Communicator& comm, const SymmetricSpan& si,
   const bool one_shot = !in_place && !so;
   Call call(comm, "zero-copy all_reduce", zero_copy::kAllReduce, si, bytes, in.dtype,
             static_cast<int>(op), -1, deadline);
+  call.output(in_place ? si : so);
   Steps steps(comm, in.device, deadline);
   const int w = call.world(), me = call.me();
   call.start();

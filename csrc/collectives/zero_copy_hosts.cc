@@ -46,6 +46,7 @@ void zero_copy_hosts_allreduce(Communicator& comm, const SymmetricSpan& si, cons
   const int g = static_cast<int>(team.ranks.size());
   zero_copy::Call call(comm, "zero-copy all_reduce across hosts", zero_copy::kHostsAllReduce, si,
                        in.bytes(), dtype, static_cast<int>(op), -1, deadline);
+  call.output(in_place ? si : so);
   call.start();
   call.wait_all(1);
   call.count(false);

@@ -70,6 +70,10 @@ struct SymmetricCall {
   int32_t dtype = -1;
   int32_t op = -1;
   uint32_t far = 0;  // this rank's links found a peer's core far (not compared)
+  // all_reduce's output: the allocation and offset peers write or read it at (in place: the
+  // input's), or 0 where it is private.
+  uint64_t out_alloc = 0;
+  uint64_t out_offset = 0;
 };
 
 // One local rank's control page.
