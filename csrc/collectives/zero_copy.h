@@ -1,14 +1,15 @@
 // The zero-copy collectives on symmetric memory (core/symmetric.h), for a communicator whose
-// ranks all share this host: each rank reads its peers' data straight from their
-// mappings and writes only its own memory. No slot and no link carries data.
+// ranks all share this host: each rank reads its peers' data straight from their mappings
+// (and the host all_reduce writes its reduced chunk into every rank's output). No slot and no
+// link carries data.
 //
 // Ordering: each rank raises its phase counter in its control page; a rank reads a peer's
 // memory only after that peer raised the phase saying the data is there, and returns only
-// after every peer raised the phase saying it no longer reads this rank's memory for the
-// call. On entering, each rank posts the call's description (kind, allocation, offset, bytes,
-// dtype, op, root) and checks those of the peers it reads from: a disagreement fails every
-// rank at once, naming both calls, and so does a peer that took the slot path for the same
-// collective.
+// after every peer raised the phase saying it no longer reads or writes this rank's memory for
+// the call. On entering, each rank posts the call's description (kind, allocation, offset,
+// bytes, dtype, op, root, all_reduce's output) and checks those of its peers: a disagreement
+// fails every rank at once, naming both calls, and so does a peer that took the slot path for
+// the same collective.
 //
 // Calls of 8 KiB and more time themselves: per size class, each rank keeps the cost of its
 // last zero-copy calls and of its last calls that ran the slot schedule over the links
@@ -31,9 +32,10 @@ namespace pyring {
 // one-shot from the ranks' staging areas: each rank copies its input into its own, raises one
 // flag, and reduces the whole buffer from every rank's area into its output (one round of
 // flags; no peer ever reads the caller's buffer). The others run two-shot on the buffers
-// themselves: each rank reduces its chunk from every mapping, then copies the others' reduced
-// chunks (three rounds). Measured on the 2-core machine (bench/allreduce.py, 2 ranks): two-shot
-// was the faster at every size (4 KiB: 1.60 us against 1.73; 16 KiB: 2.63 against 3.85; 32 KiB:
+// themselves: each rank reduces its chunk from every mapping and writes it into every rank's
+// output (two rounds). Measured on the 2-core machine (bench/allreduce.py, 2 ranks), with the
+// two-shot of the time (which copied the others' chunks back in a third round): two-shot was
+// the faster at every size (4 KiB: 1.60 us against 1.73; 16 KiB: 2.63 against 3.85; 32 KiB:
 // 3.90 against 6.52); at 4 ranks (two per core) one-shot was at 32 KiB (78 us against 129-154)
 // and two-shot at 64 KiB (155-163 us against 220).
 constexpr size_t kOneShotBytes = 32 << 10;
