@@ -12,6 +12,10 @@ on N local ranks whose gradients are averaged by pyring. Needs no download.
 runs, and opt.synchronize() waits for the rest; ddp-pyring: DistributedDataParallel on the
 "pyring" torch.distributed backend; ddp-gloo: DistributedDataParallel on gloo (both DDPs with
 gradient_as_bucket_view=True).
+--mode ps (with --sync pyring): asynchronous training on a parameter server
+(pyring.optim.ParameterServer, docs/asynchronous.md): the last --servers ranks serve the
+parameters, the others train and push their gradients on --wire; the servers' AdamW keeps the
+first learning rate (the schedule is the workers', which no longer step an optimizer).
 --device auto (the default) trains on CUDA when torch.cuda.is_available(): local rank r uses
 GPU r // --ranks-per-gpu, model and batches on it, and the gradients travel as CUDA tensors
 through the same sync method as on the CPU. Each rank prints its device at start.
@@ -51,6 +55,7 @@ from pyring.launch import run_ranks
 from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
 SYNCS = ("pyring", "ddp-pyring", "ddp-gloo")
+MODES = ("sync", "ps")
 
 
 # ----------------------------------------------------------------------------- training
@@ -81,7 +86,14 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
         0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
-    if args.sync == "pyring":
+    ps = None
+    if args.mode == "ps":
+        from pyring.optim import ParameterServer
+
+        pyring.broadcast_parameters(model, src=0)
+        ps = ParameterServer(opt, model.named_parameters(), servers=args.servers, wire=args.wire)
+        net = model
+    elif args.sync == "pyring":
         pyring.broadcast_parameters(model, src=0)
         pyring.broadcast_optimizer_state(opt, src=0)
         opt = pyring.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -93,21 +105,25 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
             gradient_as_bucket_view=True)
     timer = BusyTimer(comm) if comm is not None else None
 
+    serving = ps is not None and ps.is_server
+    trainers = world - (args.servers if ps is not None else 0)
+
     def average(values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        """The mean over the training ranks (a server adds nothing)."""
+        t = torch.tensor([0.0 if serving else v for v in values], dtype=torch.float64)
         if comm is not None:
-            comm.all_reduce(t, op="avg")
+            comm.all_reduce(t)
         else:
             dist.all_reduce(t)
-            t /= world
-        return t.tolist()
+        return (t / trainers).tolist()
 
     @torch.no_grad()
     def val_loss() -> float:
         model.eval()
         starts = torch.linspace(0, len(val_data) - args.seq - 2, args.val_batches * args.batch)
         mine = starts.long().view(args.val_batches, args.batch)[rank::world]
-        losses = [model(*get_batch(val_data, s, args.seq, device)).item() for s in mine]
+        losses = [] if serving else [model(*get_batch(val_data, s, args.seq, device)).item()
+                                     for s in mine]
         model.train()
         total, count = average([sum(losses), len(losses)])
         return total / count
@@ -117,24 +133,31 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
     if timer is not None:
         timer.on = True
     t_start = time.perf_counter()
-    for step in range(args.steps):
+    if serving:
+        ps.serve()
+    for step in range(0 if serving else args.steps):
         t0 = time.perf_counter()
         starts = torch.randint(lo, lo + shard - args.seq - 1, (args.batch,), generator=gen)
         x, y = get_batch(train_data, starts, args.seq, device)
         opt.zero_grad(set_to_none=True)
         loss = net(x, y)
         loss.backward()
-        if args.sync == "pyring":
+        if args.sync == "pyring" and ps is None:
             tw = time.perf_counter()
             opt.synchronize()  # waits for the buckets still in flight
             waits.append(time.perf_counter() - tw)
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if ps is not None:
+            ps.step()
+        else:
+            opt.step()
         sched.step()
         losses.append(loss.item())
         step_times.append(time.perf_counter() - t0)
         if bar is not None:
             bar.update(step + 1, losses[-1])
+    if ps is not None and not serving:
+        ps.close()  # the last pull: the servers' parameters, for the validation loss
     elapsed = time.perf_counter() - t_start
     if timer is not None:
         timer.on = False
@@ -142,16 +165,21 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
         bar.close()
 
     tail = max(1, min(20, args.steps // 5))
-    first, last = average([statistics.fmean(losses[:tail]), statistics.fmean(losses[-tail:])])
+    first, last = average([statistics.fmean(losses[:tail]) if losses else 0.0,
+                           statistics.fmean(losses[-tail:]) if losses else 0.0])
     vl = val_loss()
     busy = timer.busy if timer is not None else float("nan")
     stats = average([sum(waits), busy])
-    timed = step_times[1:] or step_times  # the first step warms up allocators and links
-    rate = world * args.batch * len(timed) / sum(timed)
+    timed = step_times[1:] or step_times or [float("nan")]  # the first warms up allocators
+    rate = trainers * args.batch * len(timed) / sum(timed)
     if rank == 0:
         print(f"model: {n_params / 1e6:.2f} M parameters ({n_params * 4 / 2**20:.1f} MiB of "
               f"float32 gradients), {world} ranks x batch {args.batch} x seq {args.seq}, "
-              f"sync={args.sync}, device={device.type}, threads/rank={args.threads}")
+              f"sync={args.sync}, device={device.type}, threads/rank={args.threads}"
+              + (f", mode=ps ({args.servers} server(s), wire {args.wire})"
+                 if ps is not None else ""))
+        if ps is not None:
+            print(f"ps           {ps.stats()}")
         print(f"train loss   {first:.4f} (mean of the first {tail} steps) -> {last:.4f} "
               f"(last {tail}), averaged over ranks")
         print(f"val loss     {vl:.4f} (held-out files, {args.val_batches * args.batch} "
@@ -159,11 +187,13 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
         print(f"throughput   {rate * args.seq:,.0f} tokens/s, {rate:,.1f} samples/s "
               f"(steps 2..{args.steps}; median step {statistics.median(timed) * 1e3:.1f} ms); "
               f"{args.steps} steps in {elapsed:.1f} s")
-        if args.sync == "pyring":
+        if args.sync == "pyring" and ps is None:
             host = "; host time: the stream waits for the rest" if device.type == "cuda" else ""
             print(f"comm wait    {stats[0]:.2f} s in opt.synchronize() waiting for in-flight "
                   f"allreduces ({100 * stats[0] / elapsed:.1f}% of the run; mean over ranks; "
                   f"includes waiting for a slower rank{host})")
+        elif ps is not None:
+            print(f"comm wait    {ps.stats()['waited_s']:.2f} s waiting for pulls on rank 0")
         else:
             print("comm wait    not separable: DDP waits for its allreduces inside backward()")
         if timer is not None:
@@ -174,7 +204,8 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
             print("comm busy    not measured (gloo's works expose no timing)")
         if args.json:
             Path(args.json).write_text(json.dumps({
-                "sync": args.sync, "world": world, "steps": args.steps, "params": n_params,
+                "sync": args.sync, "mode": args.mode, "world": world, "steps": args.steps,
+                "params": n_params,
                 "device": str(device), "ranks_per_gpu": args.ranks_per_gpu,
                 "threads_per_rank": args.threads, "train_loss_first": first,
                 "train_loss_last": last, "val_loss": vl, "tokens_per_s": rate * args.seq,
@@ -198,6 +229,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="local ranks to spawn (ignored under torchrun; default: GPUs x "
                    "--ranks-per-gpu on CUDA, else 2)")
     p.add_argument("--sync", choices=SYNCS, default="pyring")
+    p.add_argument("--mode", choices=MODES, default="sync",
+                   help="ps: a parameter server (the last --servers ranks), with --sync pyring")
+    p.add_argument("--servers", type=int, default=1, help="--mode ps: ranks serving")
+    p.add_argument("--wire", default="fp32", help="--mode ps: the pushes' wire (fp32, fp16, "
+                   "bf16, onebit)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=128)
@@ -223,6 +259,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--dim must be a multiple of --heads")
     if args.ranks_per_gpu < 1:
         p.error("--ranks-per-gpu must be >= 1")
+    if args.mode == "ps" and args.sync != "pyring":
+        p.error("--mode ps runs on --sync pyring")
     gpus = gpu_count()
     if args.cpu or args.device == "auto":
         args.device = "cuda" if gpus and not args.cpu else "cpu"

@@ -391,8 +391,8 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
 
 
 def __getattr__(name: str) -> Any:
-    """``pyring.optim.OneBitAdam`` and ``ZeroOneAdam``, imported on first use (they need
-    torch)."""
+    """``pyring.optim.OneBitAdam``, ``ZeroOneAdam`` and ``ParameterServer``, imported on first
+    use (they need torch)."""
     if name == "OneBitAdam":
         from .onebit_adam import OneBitAdam
 
@@ -401,4 +401,8 @@ def __getattr__(name: str) -> Any:
         from .zero_one_adam import ZeroOneAdam
 
         return ZeroOneAdam
+    if name == "ParameterServer":
+        from .parameter_server import ParameterServer
+
+        return ParameterServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

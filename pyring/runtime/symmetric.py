@@ -14,6 +14,15 @@ from typing import Any
 
 #: Devices pyring.empty allocates on.
 DEVICES = ("cpu", "cuda", "sim")
+# Device type -> fn(address, nbytes, index, owner) making a uint8 tensor over memory that owner
+# holds, for devices whose tensors torch cannot make from an address itself (the test-only sim
+# device registers its own when it is enabled).
+_ADOPTERS: dict[str, Any] = {}
+
+
+def register_adopter(device_type: str, fn: Any) -> None:
+    """Lets pyring.empty make tensors of ``device_type`` with ``fn`` (see _ADOPTERS)."""
+    _ADOPTERS[device_type] = fn
 
 
 def _shape(size: tuple) -> tuple[int, ...]:
@@ -69,9 +78,11 @@ def empty(comm: Any, *size: Any, dtype: Any = None, device: Any = None) -> Any:
     elif dev.type == "cuda":
         flat = torch.as_tensor(_CudaBlock(block), device=dev)
     else:
-        from ..testing import sim_torch
-
-        flat = sim_torch.adopt(block.data_ptr, nbytes, index, block)
+        adopt = _ADOPTERS.get(dev.type)
+        if adopt is None:
+            raise RuntimeError(f"pyring.empty: {dev.type} tensors need the {dev.type} device "
+                               f"registered with torch first (pyring.testing.sim_torch.enable())")
+        flat = adopt(block.data_ptr, nbytes, index, block)
     if dev.type != "cpu":
         flat.zero_()  # as the host's fresh shared memory is (on the current stream)
     return flat.view(dtype).view(shape)
@@ -98,10 +109,9 @@ def zeros(comm: Any, n: int, dtype: Any, device: Any) -> Any:
     runs zero-copy within each host); a private tensor otherwise."""
     import torch
 
-    from ..communicator import Communicator
-
     dev = torch.device(device)
-    if (isinstance(comm, Communicator) and comm.local_world_size > 1 and dev.type in DEVICES
-            and (comm.local_world_size == comm.world_size or dev.type == "cpu")):
+    local = getattr(comm, "local_world_size", 1)  # pyring's Communicator; torch's groups: 1
+    if (hasattr(comm, "empty") and local > 1 and dev.type in DEVICES
+            and (local == comm.world_size or dev.type == "cpu")):
         return empty(comm, n, dtype=dtype, device=device)
     return torch.zeros(n, dtype=dtype, device=device)

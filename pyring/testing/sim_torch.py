@@ -63,6 +63,9 @@ def enable() -> None:
         lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback, not an op
         lib.fallback(_fallback, "PrivateUse1")
         _enabled.append(lib)
+        from ..runtime import symmetric
+
+        symmetric.register_adopter(NAME, adopt)
         from ..c10d import backend  # the torch backend takes sim tensors as it takes CUDA ones
 
         caps = torch.distributed.Backend.backend_capability[backend.BACKEND_NAME]
