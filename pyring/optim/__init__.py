@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import weakref
@@ -31,7 +32,7 @@ class _Bucket:
     """Gradients of one dtype, flattened: the parameters' slots, then one flag per parameter
     (1 where the rank has a gradient for it, else 0)."""
 
-    __slots__ = ("index", "members", "offsets", "numel", "buf", "missing")
+    __slots__ = ("index", "members", "offsets", "numel", "buf", "bufs", "missing")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -78,7 +79,7 @@ class _GradSync:
 
     def __init__(self, comm: Any, params: list[Any], names: list[str], bucket_bytes: int,
                  passes: int, as_view: bool, exchange: GradientExchange,
-                 symmetric: bool = True) -> None:
+                 symmetric: bool = True, staleness: int = 0) -> None:
         import torch
 
         self.exchange = exchange
@@ -105,6 +106,24 @@ class _GradSync:
             for i, off in zip(b.members, b.offsets):
                 p = params[i]
                 self.slots[i] = b.buf[off:off + p.numel()].view(p.shape)
+        # Stale-synchronous: staleness + 1 sets of buffers, one per window in flight; window w
+        # fills set w % (staleness + 1).
+        self.staleness = staleness
+        self.window = 0
+        self.pending: collections.deque = collections.deque()  # (works, set) per window
+        self.slot_sets = [self.slots]
+        for b in self.buckets:
+            b.bufs = [b.buf]
+        for _ in range(staleness):
+            slots: list[Any] = [None] * len(params)
+            for b in self.buckets:
+                p0 = params[b.members[0]]
+                n = b.numel + len(b.members)
+                b.bufs.append(_symmetric.zeros(comm, n, p0.dtype, p0.device) if symmetric
+                              else torch.zeros(n, dtype=p0.dtype, device=p0.device))
+                for i, off in zip(b.members, b.offsets):
+                    slots[i] = b.bufs[-1][off:off + params[i].numel()].view(params[i].shape)
+            self.slot_sets.append(slots)
         self.counts = [0] * len(params)  # backward passes seen per parameter in this window
         self.next = 0  # buckets launch strictly in index order: this one is next
         self.inflight: list[Any] = []  # pyring.Work of the launched buckets
@@ -160,14 +179,17 @@ class _GradSync:
                                                    exact_tail=len(b.members)))
         self.next += 1
 
-    def unpack(self) -> None:
-        """Points (or copies) every .grad that some rank contributed to at its averaged slot."""
+    def unpack(self, k: int | None = None) -> None:
+        """Points (or copies) every .grad that some rank contributed to at its averaged slot
+        (of buffer set k: the current one by default)."""
+        slots = self.slots if k is None else self.slot_sets[k]
         for b in self.buckets:
-            used = b.buf[b.numel:].tolist()
+            buf = b.buf if k is None else b.bufs[k]
+            used = buf[b.numel:].tolist()
             for j, i in enumerate(b.members):
                 if used[j] == 0:  # no rank had a gradient: leave .grad as it is
                     continue
-                p, slot = self.params[i], self.slots[i]
+                p, slot = self.params[i], slots[i]
                 g = p.grad
                 if self.as_view:
                     if g is None or g.data_ptr() != slot.data_ptr():
@@ -187,12 +209,29 @@ class _GradSync:
                     if self.counts[i] < self.passes:
                         self.fill(b, j)
                 self.launch(b)
-            for work in self.inflight:
-                work.wait()  # raises pyring's own error types
-            self.unpack()
+            if self.staleness:
+                self.stale_unpack()
+            else:
+                for work in self.inflight:
+                    work.wait()  # raises pyring's own error types
+                self.unpack()
         finally:
             self.reset()
         self.fresh, self.dirty = True, False
+
+    def stale_unpack(self) -> None:
+        """Leaves this window's exchange in flight and gives the gradients the average of the
+        window `staleness` before it; none (every .grad None: the step changes nothing) while
+        there is no such window yet."""
+        self.pending.append((list(self.inflight), self.window % (self.staleness + 1)))
+        if len(self.pending) <= self.staleness:
+            for p in self.params:
+                p.grad = None
+            return
+        works, k = self.pending.popleft()
+        for work in works:
+            work.wait()
+        self.unpack(k)
 
     def reset(self) -> None:
         self.inflight.clear()
@@ -200,6 +239,12 @@ class _GradSync:
         self.counts = [0] * len(self.params)
         for b in self.buckets:
             b.missing = len(b.members)
+        if self.staleness:  # the next window fills the next set of buffers
+            self.window += 1
+            k = self.window % (self.staleness + 1)
+            self.slots = self.slot_sets[k]
+            for b in self.buckets:
+                b.buf = b.bufs[k]
 
     def before_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         if self.skip_depth:
@@ -261,7 +306,7 @@ def _remove(handles: list[Any]) -> None:
 def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any = None,
                          bucket_bytes: int = 25 << 20, backward_passes_per_step: int = 1,
                          gradient_as_bucket_view: bool = True, compression: str = "none",
-                         symmetric_buckets: bool | None = None) -> Any:
+                         symmetric_buckets: bool | None = None, staleness: int = 0) -> Any:
     """Makes ``optimizer`` average its gradients across ranks, and returns it (the same object,
     still an instance of its class, so LR schedulers and ``state_dict`` work as before).
 
@@ -294,6 +339,13 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     pyring/optim/compression.py (onebit and int8 with error-feedback residuals per bucket, in
     ``opt.exchange.states``; ``opt.exchange.state_dict()`` checkpoints them).
     The per-parameter flags always travel exactly.
+
+    ``staleness`` (default 0: synchronous, as before, bit for bit): stale-synchronous parallel
+    (Petuum's SSP). Step t applies the average of the gradients of step t - staleness, so each
+    exchange overlaps ``staleness`` steps of compute; the first ``staleness`` steps change
+    nothing (no window is old enough; their ``.grad`` are None). Call ``zero_grad()`` before
+    each backward, as usual; the windows still in flight when training stops are not applied.
+    It takes ``compression="none"`` and ``backward_passes_per_step=1``.
 
     ``symmetric_buckets`` (default None: wherever the exchange can run zero-copy, that is a
     communicator whose ranks have local peers, all on this host, with CPU or CUDA parameters,
@@ -364,17 +416,24 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None, comm: Any
     # Registration order, so that an error names the first parameter that differs.
     entries = [(f"parameter {n!r}", describe(p)) for n, p in zip(names[::-1], params[::-1])]
     exchange = GradientExchange(compression)
+    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+        raise ValueError(f"DistributedOptimizer: staleness must be an int >= 0, got "
+                         f"{staleness!r}")
+    if staleness and (compression != "none" or backward_passes_per_step != 1):
+        raise ValueError("DistributedOptimizer: staleness > 0 takes compression='none' and "
+                         "backward_passes_per_step=1")
     if symmetric_buckets not in (None, False):
         raise ValueError(f"DistributedOptimizer: symmetric_buckets must be None (where the "
                          f"exchange runs zero-copy) or False, got {symmetric_buckets!r}")
     entries += [("bucket_bytes", str(bucket_bytes)),
                 ("symmetric_buckets", str(symmetric_buckets)),
                 ("backward_passes_per_step", str(backward_passes_per_step)),
-                ("compression", compression)]
+                ("compression", compression), ("staleness", str(staleness))]
     check_same_on_all_ranks(comm, "DistributedOptimizer", entries)
 
     sync = _GradSync(comm, params, names, bucket_bytes, backward_passes_per_step,
-                     bool(gradient_as_bucket_view), exchange, symmetric_buckets is None)
+                     bool(gradient_as_bucket_view), exchange, symmetric_buckets is None,
+                     staleness)
     ref = weakref.ref(sync)
     handles = [p.register_hook(functools.partial(_pre_hook, ref, i)) for i, p in enumerate(params)]
     handles += [p.register_post_accumulate_grad_hook(functools.partial(_hook, ref, i))
