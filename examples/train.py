@@ -75,7 +75,9 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
     corpus = load_corpus(int(args.data_mb * 2**20))
     n_val = len(corpus) // 20  # the last 5% (the last files, by path) is held out
     train_data, val_data = corpus[:-n_val], corpus[-n_val:]
-    shard = len(train_data) // world  # rank r draws its windows from shard r only
+    # The ranks that train: all, or the workers of a parameter server (the last ranks serve).
+    trainers = world - args.servers if args.mode == "ps" else world
+    shard = len(train_data) // trainers  # rank r draws its windows from shard r only
     lo = rank * shard
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
 
@@ -106,7 +108,6 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
     timer = BusyTimer(comm) if comm is not None else None
 
     serving = ps is not None and ps.is_server
-    trainers = world - (args.servers if ps is not None else 0)
 
     def average(values: list[float]) -> list[float]:
         """The mean over the training ranks (a server adds nothing)."""
