@@ -50,13 +50,14 @@ def _tensors(x):
     return x
 
 
-def train_body(rank, world, store, steps, servers, wire, push_every, pull_every, resume=None):
+def train_body(rank, world, store, steps, servers, wire, push_every, pull_every, resume=None,
+               momentum=0.5):
     import pyring
     from pyring.optim import ParameterServer
 
     comm = pyring.init(rank, world, store, set_default=False, timeout=60)
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     ps = ParameterServer(opt, model.named_parameters(), servers=servers, push_every=push_every,
                          pull_every=pull_every, wire=wire, comm=comm)
     if resume is not None:
@@ -108,9 +109,12 @@ def test_every_push_is_applied_once():
 
 @pytest.mark.parametrize("wire", ["fp32", "bf16", "onebit"])
 def test_training_converges_on_every_wire(wire):
-    res = run_ranks(3, train_body, 120, 1, wire, 1, 2, timeout=180)
+    # Without momentum: a server's updates of stale gradients already act as momentum, and
+    # momentum 0.5 on top left 0.006 to 0.58 of the starting loss over 15 runs under a CPU load,
+    # momentum 0 0.003 to 0.013 (docs/asynchronous.md).
+    res = run_ranks(3, train_body, 120, 1, wire, 1, 2, None, 0.0, timeout=180)
     for w in res[:2]:  # a held-out batch, on the parameters before and after
-        assert w["val_end"] < 0.3 * w["val_start"], (wire, w["val_start"], w["val_end"])
+        assert w["val_end"] < 0.1 * w["val_start"], (wire, w["val_start"], w["val_end"])
     assert res[2]["stats"]["pushes_applied"] == 240
 
 

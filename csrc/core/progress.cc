@@ -14,9 +14,9 @@ constexpr auto kIdleSpin = std::chrono::microseconds(30);
 }  // namespace
 
 ProgressEngine::ProgressEngine()
-    : thread_([this] {
+    : thread_([held = state_] {
         name_this_thread(kProgressThreadName);
-        loop();
+        loop(*held);
       }) {}
 
 ProgressEngine::~ProgressEngine() {
@@ -24,35 +24,37 @@ ProgressEngine::~ProgressEngine() {
 }
 
 std::shared_ptr<Work> ProgressEngine::submit(const CollectiveDesc& desc, std::function<void()> fn) {
+  State& s = *state_;
   auto work = std::make_shared<Work>(desc, std::move(fn), runner_);
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.stopping) {
       work->fail(std::make_exception_ptr(CommError(
-          str_cat(work->description(), ": communicator is closed (", stop_reason_, ")"))));
+          str_cat(work->description(), ": communicator is closed (", s.stop_reason, ")"))));
       return work;
     }
-    queue_.push_back(work);
-    queued_.fetch_add(1, std::memory_order_release);
-    wake = sleeping_;
+    s.queue.push_back(work);
+    s.queued.fetch_add(1, std::memory_order_release);
+    wake = s.sleeping;
   }
-  if (wake) cv_.notify_one();
+  if (wake) s.cv.notify_one();
   return work;
 }
 
 void ProgressEngine::run_sync(const CollectiveDesc& desc, const std::function<void()>& fn) {
+  State& s = *state_;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_) {
-      PYRING_THROW(CommError, desc.str(), ": communicator is closed (", stop_reason_, ")");
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (s.stopping) {
+      PYRING_THROW(CommError, desc.str(), ": communicator is closed (", s.stop_reason, ")");
     }
-    if (!queue_.empty() || busy_) {
+    if (!s.queue.empty() || s.busy) {
       lock.unlock();
       submit(desc, fn)->wait(-1);
       return;
     }
-    busy_ = true;
+    s.busy = true;
   }
   std::exception_ptr err;
   try {
@@ -62,11 +64,11 @@ void ProgressEngine::run_sync(const CollectiveDesc& desc, const std::function<vo
   }
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_ = false;
-    wake = sleeping_ && !queue_.empty();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.busy = false;
+    wake = s.sleeping && !s.queue.empty();
   }
-  if (wake) cv_.notify_one();
+  if (wake) s.cv.notify_one();
   if (err) std::rethrow_exception(err);
 }
 
@@ -78,54 +80,62 @@ bool ProgressEngine::on_progress_thread() {
   return t_on_progress_thread;
 }
 
-void ProgressEngine::loop() {
+void ProgressEngine::loop(State& s) {
   t_on_progress_thread = true;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
-    if (queue_.empty() || busy_) {
-      if (stopping_ && queue_.empty()) return;
+    if (s.queue.empty() || s.busy) {
+      if (s.stopping && s.queue.empty()) return;
       lock.unlock();
       auto start = Clock::now();
-      while (queued_.load(std::memory_order_acquire) == 0 && Clock::now() - start < kIdleSpin) {
+      while (s.queued.load(std::memory_order_acquire) == 0 && Clock::now() - start < kIdleSpin) {
         cpu_relax();
       }
       lock.lock();
-      if (queue_.empty() || busy_) {
-        if (stopping_ && queue_.empty()) return;
-        sleeping_ = true;
-        cv_.wait(lock);
-        sleeping_ = false;
+      if (s.queue.empty() || s.busy) {
+        if (s.stopping && s.queue.empty()) return;
+        s.sleeping = true;
+        s.cv.wait(lock);
+        s.sleeping = false;
       }
       continue;
     }
-    auto work = queue_.front();
-    queue_.pop_front();
-    queued_.fetch_sub(1, std::memory_order_release);
-    busy_ = true;
+    auto work = std::move(s.queue.front());
+    s.queue.pop_front();
+    s.queued.fetch_sub(1, std::memory_order_release);
+    s.busy = true;
     lock.unlock();
-    work->run();
+    work->run();     // may destroy the engine (see the header)
+    work = nullptr;  // the work's captures go before the lock is retaken
     lock.lock();
-    busy_ = false;
+    s.busy = false;
   }
 }
 
 void ProgressEngine::stop(const std::string& why) {
+  State& s = *state_;
   std::deque<std::shared_ptr<Work>> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      stopping_ = true;
-      stop_reason_ = why;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.stopping) {
+      s.stopping = true;
+      s.stop_reason = why;
     }
-    dropped.swap(queue_);
-    queued_.store(0, std::memory_order_release);
+    dropped.swap(s.queue);
+    s.queued.store(0, std::memory_order_release);
   }
-  cv_.notify_all();
+  s.cv.notify_all();
   for (auto& w : dropped) {
     w->fail(std::make_exception_ptr(
         CommError(str_cat(w->description(), ": not run, communicator closed (", why, ")"))));
   }
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
   runner_->stop();
 }
 

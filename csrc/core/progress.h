@@ -1,4 +1,8 @@
 // The progress engine: one thread per communicator that runs collectives in submission order.
+//
+// A collective may drop the last reference to its communicator (its closure held it), so the
+// engine can be destroyed on its own thread. That thread is then detached; it holds the queue's
+// state until it has left its loop and touches nothing else of the engine.
 #pragma once
 
 #include <atomic>
@@ -31,21 +35,26 @@ class ProgressEngine {
   // or running it runs on the calling thread, which avoids a cross-thread wake-up.
   void run_sync(const CollectiveDesc& desc, const std::function<void()>& fn);
 
-  // Completes queued work with `error` (a CommError naming why), joins the thread, then runs
-  // the callbacks still queued. Idempotent; the work already running finishes first.
+  // Completes queued work with `error` (a CommError naming why), joins the thread (detaches it
+  // when called on it), then runs the callbacks still queued. Idempotent; the work already
+  // running finishes first.
   void stop(const std::string& why);
 
  private:
-  void loop();
+  // Shared by the engine and its thread, which holds it until it returns.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Work>> queue;  // guarded by mu
+    bool busy = false;        // a collective is running (on the thread or inline); guarded by mu
+    bool sleeping = false;    // the thread waits on cv; guarded by mu
+    bool stopping = false;    // guarded by mu
+    std::string stop_reason;  // guarded by mu
+    std::atomic<size_t> queued{0};
+  };
+  static void loop(State& s);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Work>> queue_;
-  bool busy_ = false;      // a collective is running (on the thread or inline); guarded by mu_
-  bool sleeping_ = false;  // the thread waits on cv_; guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
-  std::string stop_reason_;
-  std::atomic<size_t> queued_{0};
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
   // Declared before thread_: the thread's last completions may still post to it.
   std::shared_ptr<CallbackRunner> runner_ = std::make_shared<CallbackRunner>();
   std::thread thread_;
