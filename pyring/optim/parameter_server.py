@@ -180,8 +180,12 @@ class ParameterServer:
         for w in workers:
             self.comm.send(msg, w, tag=_TAG_PARAMS)
 
-    def serve(self) -> None:
-        """Applies pushes and answers pulls until every worker has closed (servers only)."""
+    def serve(self, on_update: Any = None) -> None:
+        """Applies pushes and answers pulls until every worker has closed (servers only).
+
+        ``on_update(version, shard)``, if given, is called after each applied push with the new
+        version and the server's shard (a view it updates in place: copy what you keep). Its
+        time is the pulls' and pushes' wait: keep it short."""
         import torch
 
         if not self.is_server:
@@ -201,6 +205,8 @@ class ParameterServer:
                                        f"push {self._last_push[src]}")
                 self._last_push[src] = seq
                 self._apply(_Codec.decode(self.wire, payload, n), version)
+                if on_update is not None:
+                    on_update(self.version, self.shard)
             elif kind == _PULL:
                 self._send_params([src])
                 self._stats["pulls_answered"] += 1
