@@ -67,9 +67,9 @@ void direct_allreduce(Communicator& comm, const BufferView& in, const BufferView
   const size_t bytes = in.bytes();
   const DType acc_type = accum_dtype(dtype);
   if (n == 2 && acc_type == dtype) return two_rank_allreduce(comm, in, out, op, deadline);
-  uint8_t* gathered =
-      comm.scratch(bytes * static_cast<size_t>(n) + in.count * dtype_size(acc_type));
-  uint8_t* acc = gathered + bytes * static_cast<size_t>(n);
+  const size_t at = accum_offset(bytes * static_cast<size_t>(n));
+  uint8_t* gathered = comm.scratch(at + in.count * dtype_size(acc_type));
+  uint8_t* acc = gathered + at;
   const SubRing ring = SubRing::of(comm.ring_order(), comm.rank());
   // Slot k holds rank k's input.
   auto slot = [&](long steps) { return gathered + static_cast<size_t>(ring.at(steps)) * bytes; };

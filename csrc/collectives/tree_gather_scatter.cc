@@ -14,14 +14,6 @@
 
 namespace pyring {
 
-namespace {
-
-size_t round8(size_t bytes) {
-  return (bytes + 7) / 8 * 8;
-}
-
-}  // namespace
-
 void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferView& out,
                          ReduceOp op, Deadline deadline) {
   const int n = comm.size();
@@ -34,8 +26,8 @@ void tree_reduce_scatter(Communicator& comm, const BufferView& in, const BufferV
   const TreePlan& plan = comm.tree_plan();
   const size_t esz = dtype_size(dtype), block = m * esz;
   const DType acc_type = accum_dtype(dtype);
-  uint8_t* perm = comm.scratch(round8(in.bytes()) + in.count * dtype_size(acc_type));
-  uint8_t* acc = perm + round8(in.bytes());
+  uint8_t* perm = comm.scratch(accum_offset(in.bytes()) + in.count * dtype_size(acc_type));
+  uint8_t* acc = perm + accum_offset(in.bytes());
   for (size_t i = 0; i < order.size(); ++i) {
     std::memcpy(perm + i * block, in.at(static_cast<size_t>(order[i]) * m), block);
   }

@@ -66,6 +66,12 @@ inline DType accum_dtype(DType t) {
   return (t == DType::kFloat16 || t == DType::kBFloat16) ? DType::kFloat32 : t;
 }
 
+// Where an accumulator (accum_dtype) follows `bytes` of narrower data in one scratch buffer:
+// `bytes` rounded up to 8, the alignment of every accumulator type.
+inline size_t accum_offset(size_t bytes) {
+  return (bytes + 7) / 8 * 8;
+}
+
 using Clock = std::chrono::steady_clock;
 
 // An absolute point in time after which a blocking call raises TimeoutError.
