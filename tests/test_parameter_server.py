@@ -190,3 +190,41 @@ def test_a_worker_killed_mid_push_has_its_push_dropped_and_ends_the_job():
     assert err != "no error", res
     assert stats["pushes_received"] == stats["pushes_applied"], stats  # none half-applied
     assert res[0][0] != "no error" or res[0][1]["steps"] < 200, res
+
+
+def server_killed_body(rank, world, store):
+    import time
+
+    import pyring
+    from pyring.optim import ParameterServer
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=10)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ps = ParameterServer(opt, servers=1, comm=comm)
+    if ps.is_server:
+        def die(version, shard):
+            if version == 10:  # mid-job, with pulls and pushes on their way
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        ps.serve(on_update=die)
+        return "no error", None
+    t0 = time.monotonic()
+    try:
+        for t in range(10_000):
+            x, y = _batch(rank, t)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            ps.step()
+        ps.close()
+    except Exception as e:  # noqa: BLE001 (the error is the result)
+        return type(e).__name__, time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+def test_a_killed_server_ends_every_worker_with_an_error_within_the_deadline():
+    res = run_ranks(3, server_killed_body, timeout=120, allow_failures=True)
+    assert res[2] is None, res  # the server died without a result
+    for err, took in res[:2]:
+        assert err in ("CommError", "CommTimeout"), res
+        assert took < 10 + 5, res  # the deadline, and the time to notice
