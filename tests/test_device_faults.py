@@ -118,8 +118,8 @@ def capture_body(rank, world, store):
                 error = (type(e).__name__, str(e))
             _C.sim_set_capturing(0, s.id, False)
             comm.all_reduce(x)  # outside the capture the communicator still works
+        s.synchronize()  # the collective ran on s: read its result once s has finished
         got = x.to_host()[0].item()
-        s.synchronize()
         s.close()
     return error, got
 
