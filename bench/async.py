@@ -49,6 +49,15 @@ def _flat(params) -> list:
     return torch.cat([p.detach().reshape(-1) for p in params]).clone()
 
 
+def _backward(task, net, batch, opt, rank: int, slow: float) -> None:
+    """One step's gradients; rank 0, the straggler, then sleeps slow - 1 times their time."""
+    c0 = time.perf_counter()
+    opt.zero_grad()
+    task.loss(net, batch).backward()
+    if rank == 0 and slow > 1:
+        time.sleep((slow - 1) * (time.perf_counter() - c0))
+
+
 def _sync_run(method: str, task, model, rank: int, world: int, comm, args) -> list:
     """One synchronous method on this rank: rank 0's (seconds, samples, parameters) snapshots."""
     import torch
@@ -70,11 +79,7 @@ def _sync_run(method: str, task, model, rank: int, world: int, comm, args) -> li
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         batch = task.batch(rank, world, g)
-        c0 = time.perf_counter()
-        opt.zero_grad()
-        task.loss(net, batch).backward()
-        if rank == 0 and args.slow > 1:
-            time.sleep((args.slow - 1) * (time.perf_counter() - c0))
+        _backward(task, net, batch, opt, rank, args.slow)
         opt.step()
         if rank == 0 and (step % EVAL_EVERY == 0 or step == args.steps):
             snaps.append((time.perf_counter() - t0, step * world, _flat(model.parameters())))
@@ -110,10 +115,7 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
     while ps.versions[0] < pushes:
         batch = task.batch(rank, workers, g)
         c0 = time.perf_counter()
-        opt.zero_grad()
-        task.loss(model, batch).backward()
-        if rank == 0 and args.slow > 1:
-            time.sleep((args.slow - 1) * (time.perf_counter() - c0))
+        _backward(task, model, batch, opt, rank, args.slow)
         ps.step()
         busy += time.perf_counter() - c0
     ps.close()
