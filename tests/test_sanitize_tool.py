@@ -68,3 +68,36 @@ def test_cmake_refuses_a_bad_sanitizer_list(tmp_path, value, text):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "PYRING_SANITIZE" in proc.stderr and text in proc.stderr, proc.stderr[-2000:]
+
+
+def test_each_source_tree_has_its_own_build_folder(tmp_path):
+    a = sanitize.default_build("address,undefined", tmp_path / "a")
+    assert a != sanitize.default_build("address,undefined", tmp_path / "b")
+    assert a != sanitize.default_build("thread", tmp_path / "a")
+    assert a == sanitize.default_build("address,undefined", tmp_path / "a")
+
+
+def test_a_build_folder_configured_from_another_tree_is_emptied(tmp_path, monkeypatch):
+    # A CI checkout at a new path met the cache of an earlier one; CMake refused to configure.
+    source = tmp_path / "src"
+    (source / "pyring").mkdir(parents=True)
+    (source / "CMakeLists.txt").write_text("")
+    stale = tmp_path / "out" / "build"
+    stale.mkdir(parents=True)
+    (stale / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={tmp_path / 'old'}\n")
+    (stale / "left").write_text("from the old tree")
+    assert sanitize.configured_from(stale) == tmp_path / "old"
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(sorted(p.name for p in stale.iterdir()) if stale.exists() else [])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    sanitize.build("address,undefined", source.resolve(), tmp_path / "out")
+    assert seen[0] == []  # emptied before CMake ran
+    (stale.mkdir(parents=True, exist_ok=True))
+    (stale / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={source.resolve()}\n")
+    seen.clear()
+    sanitize.build("address,undefined", source.resolve(), tmp_path / "out")
+    assert seen[0] == ["CMakeCache.txt"]  # its own tree's cache is kept

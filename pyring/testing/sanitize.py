@@ -5,9 +5,10 @@
 
 KIND is CMake's PYRING_SANITIZE: ``address,undefined`` (ASan and UBSan), ``undefined`` or
 ``thread`` (TSan). The source tree (``--source``, default: the working directory, a checkout)
-is built with it into ``--build`` (default ``~/.cache/pyring-sanitize/KIND``; kept, and rebuilt
-incrementally), beside a package of the tree's ``pyring/`` with that build's core. The command
-then runs with:
+is built with it into ``--build`` (default ``~/.cache/pyring-sanitize/KIND-HASH``, HASH naming
+the source tree's path; kept, and rebuilt incrementally; a build folder configured from another
+source tree is emptied first, as CMake refuses to reuse it), beside a package of the tree's
+``pyring/`` with that build's core. The command then runs with:
 
 - ``PYTHONPATH``: that package first (``python -P`` keeps the working directory's source tree,
   which has no built core, off ``sys.path``);
@@ -28,6 +29,7 @@ pyring has a report; the reports are printed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -70,6 +72,23 @@ def runtime_libraries(kind: str, cxx: str = "g++") -> list[str]:
     return paths
 
 
+def default_build(kind: str, source: Path) -> Path:
+    """The build folder of `kind` for the source tree at `source`: one per tree and kind."""
+    tag = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "pyring-sanitize" / f"{kind.replace(',', '-')}-{tag}"
+
+
+def configured_from(build_dir: Path) -> Path | None:
+    """The source tree `build_dir`'s CMake cache was configured from; None without a cache."""
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.is_file():
+        return None
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            return Path(line.split("=", 1)[1].strip())
+    return None
+
+
 def build(kind: str, source: Path, out: Path) -> Path:
     """`source` built with PYRING_SANITIZE=kind into out/build; returns out/pkg, which holds
     source's pyring package with that build's core."""
@@ -77,6 +96,9 @@ def build(kind: str, source: Path, out: Path) -> Path:
 
     if not (source / "CMakeLists.txt").is_file() or not (source / "pyring").is_dir():
         raise SystemExit(f"sanitize: {source} is not a pyring source tree (--source)")
+    home = configured_from(out / "build")
+    if home is not None and home.resolve() != source:
+        shutil.rmtree(out / "build")
     subprocess.run(["cmake", "-S", str(source), "-B", str(out / "build"),
                     "-DCMAKE_BUILD_TYPE=RelWithDebInfo", f"-DPYRING_SANITIZE={kind}",
                     f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
@@ -150,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args, command = ap.parse_args(argv[:cut]), argv[cut + 1:]
     if not command:
         ap.error("no command: give it after --")
-    out = args.build or Path.home() / ".cache" / "pyring-sanitize" / args.kind.replace(",", "-")
+    out = args.build or default_build(args.kind, args.source.resolve())
     pkg = build(args.kind, args.source.resolve(), out)
     with tempfile.TemporaryDirectory(prefix="pyring-sanitize-") as tmp:
         reports = args.reports or Path(tmp)
