@@ -2,19 +2,26 @@
 validation loss, and the loss at the same number of samples, with a straggler or a slow link.
 
     python bench/async.py [--setup straggler|slowlink] [--task digits|charlm] [--seeds 3]
-                          [--steps 400] [--slow 2.0] [--rate 20mbit] [--out PATH] [--replace]
+                          [--steps 400] [--slow 2.0] [--device 3] [--rate 20mbit]
+                          [--out PATH] [--replace]
 
 Setups:
-- ``straggler``: 4 local ranks; rank 0 sleeps ``--slow`` - 1 times its compute (zero_grad,
-  forward, backward) after every backward, so its steps take ``--slow`` times as long.
+- ``straggler``: 4 local workers. Each step's compute (zero_grad, forward, backward) is
+  followed by ``--device`` times its duration asleep: the share of a step an accelerator would
+  take while the host idles, so that 4 ranks do not oversubscribe this machine's cores (with 4
+  CPU-bound ranks on 2 cores, the straggler's idle time is taken by the others, and no method
+  can gain from not waiting for it). Rank 0's steps take ``--slow`` times as long as the
+  others'. The parameter server runs its server on a fifth rank beside the 4 workers, as
+  BytePS runs servers on spare CPUs.
 - ``slowlink``: 2 emulated hosts of 2 ranks each joined by a ``--rate`` link (as root;
-  pyring.tools.emulate, as bench/slowlink.py), no straggler.
+  pyring.tools.emulate, as bench/slowlink.py), no straggler, no device share; the server is
+  the last of the 4 ranks.
 Methods, AdamW at a constant ``--lr`` from the same weights (bench/_tasks.py, per seed):
 - ``ddp_gloo``: DistributedDataParallel on gloo;
 - ``sync``: pyring.DistributedOptimizer (float32), the synchronous baseline;
 - ``ssp1``, ``ssp2``: the same with staleness=1 and 2 (stale-synchronous parallel);
-- ``ps_fp32``, ``ps_onebit``: pyring.optim.ParameterServer, 1 server (the last rank) and 3
-  workers, each push one worker's batch on that wire, a pull every ``--pull-every`` steps.
+- ``ps_fp32``, ``ps_onebit``: pyring.optim.ParameterServer, 1 server (the last rank), each
+  push one worker's batch on that wire, a pull every ``--pull-every`` steps.
 Every method sees the same number of samples: the synchronous ones ``--steps`` steps of one
 batch per rank, the parameter server as many pushes of one batch (its workers stop once the
 server's version has reached that count). The parameters are copied with a clock reading at
@@ -49,13 +56,32 @@ def _flat(params) -> list:
     return torch.cat([p.detach().reshape(-1) for p in params]).clone()
 
 
-def _backward(task, net, batch, opt, rank: int, slow: float) -> None:
-    """One step's gradients; rank 0, the straggler, then sleeps slow - 1 times their time."""
+def _compute_s(task, model, g) -> float:
+    """The median time of a local step's compute (zero_grad, forward, backward) on a copy of
+    `model` without any hooks: the unit of the emulated device share, measured apart because a
+    step's own backward also waits for the exchange's hooks (DDP, DistributedOptimizer), and
+    sleeping in proportion to that wait would feed back into every rank's next wait."""
+    import copy
+
+    net, times = copy.deepcopy(model), []
+    for _ in range(7):
+        c0 = time.perf_counter()
+        net.zero_grad()
+        task.loss(net, task.batch(0, 1, g)).backward()
+        times.append(time.perf_counter() - c0)
+    return statistics.median(times)
+
+
+def _backward(task, net, batch, opt, rank: int, args) -> None:
+    """One step's gradients, then args.device times the compute unit asleep (the device's
+    share); rank 0, the straggler, sleeps so that its step takes args.slow times as long."""
     c0 = time.perf_counter()
     opt.zero_grad()
     task.loss(net, batch).backward()
-    if rank == 0 and slow > 1:
-        time.sleep((slow - 1) * (time.perf_counter() - c0))
+    compute = args.compute_s if args.device > 0 else time.perf_counter() - c0
+    factor = (1 + args.device) * (args.slow if rank == 0 else 1.0) - 1
+    if factor > 0:
+        time.sleep(factor * compute)
 
 
 def _sync_run(method: str, task, model, rank: int, world: int, comm, args) -> list:
@@ -79,7 +105,7 @@ def _sync_run(method: str, task, model, rank: int, world: int, comm, args) -> li
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         batch = task.batch(rank, world, g)
-        _backward(task, net, batch, opt, rank, args.slow)
+        _backward(task, net, batch, opt, rank, args)
         opt.step()
         if rank == 0 and (step % EVAL_EVERY == 0 or step == args.steps):
             snaps.append((time.perf_counter() - t0, step * world, _flat(model.parameters())))
@@ -96,8 +122,8 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     ps = ParameterServer(opt, model.named_parameters(), servers=1, push_every=1,
                          pull_every=args.pull_every, wire=method.removeprefix("ps_"), comm=comm)
-    pushes = args.steps * world  # the synchronous methods' samples, in batches
-    every = EVAL_EVERY * world
+    pushes = args.steps * WORLD  # the synchronous methods' samples, in batches
+    every = EVAL_EVERY * WORLD
     snaps: list = []
     comm.barrier()
     t0 = time.perf_counter()
@@ -115,7 +141,7 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
     while ps.versions[0] < pushes:
         batch = task.batch(rank, workers, g)
         c0 = time.perf_counter()
-        _backward(task, model, batch, opt, rank, args.slow)
+        _backward(task, model, batch, opt, rank, args)
         ps.step()
         busy += time.perf_counter() - c0
     ps.close()
@@ -148,6 +174,7 @@ def run_rank(rank: int, world: int, store, args) -> dict | None:
     for seed in range(args.seeds):
         args.seed = seed
         task = TASKS[args.task](seed)
+        args.compute_s = _compute_s(task, task.model(), torch.Generator().manual_seed(seed))
         for method in args.methods:
             model = task.model()
             stats = None
@@ -229,7 +256,11 @@ def summarize(rows: dict, task: str) -> tuple[dict, dict]:
 
 
 def _plot(rows: dict, path: str, title: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"async: no matplotlib here, {path} not drawn", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -257,6 +288,9 @@ def main() -> None:
     ap.add_argument("--slow", type=float, default=None,
                     help="rank 0's steps take this many times as long (straggler: 2.0, "
                          "slowlink: 1.0)")
+    ap.add_argument("--device", type=float, default=None,
+                    help="each step sleeps this many times its compute, an accelerator's "
+                         "share (straggler: 3.0, slowlink: 0)")
     ap.add_argument("--rate", default="20mbit", help="slowlink: the link's rate")
     ap.add_argument("--pull-every", type=int, default=1, help="the workers' pull period")
     ap.add_argument("--methods", default=",".join(METHODS),
@@ -278,6 +312,8 @@ def main() -> None:
         return
     if args.slow is None:
         args.slow = 2.0 if args.setup == "straggler" else 1.0
+    if args.device is None:
+        args.device = 3.0 if args.setup == "straggler" else 0.0
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -295,7 +331,13 @@ def main() -> None:
     if args.setup == "straggler":
         from pyring.launch import run_ranks
 
-        ranks = run_ranks(WORLD, run_rank, args, timeout=3600)
+        sync, ps = ([m for m in args.methods if m.startswith("ps_") == p] for p in (0, 1))
+        rows = {}
+        for methods, world in ((sync, WORLD), (ps, WORLD + 1)):
+            if methods:
+                args.methods = methods
+                rows.update(_merge(run_ranks(world, run_rank, args, timeout=3600)))
+        args.methods = sync + ps
     else:
         from pyring.tools.emulate import EmulatedHosts, available
 
@@ -304,9 +346,8 @@ def main() -> None:
             sys.exit(f"async: emulated hosts unavailable: {why}")
         argv = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
         with EmulatedHosts(hosts=2, rate=args.rate) as hosts:
-            ranks = hosts.run(WORLD // 2, argv, timeout=3600)
+            rows = _merge(hosts.run(WORLD // 2, argv, timeout=3600))
             link = hosts.link
-    rows = _merge(ranks)
     summary, targets = summarize(rows, args.task)
     for m, s in summary.items():
         reach = ["-" if t is None else f"{t:.2f}" for t in s["time_to_sync_final_s"]]
@@ -316,6 +357,8 @@ def main() -> None:
               flush=True)
     result = {"machine": describe(), "command": " ".join(sys.argv), "setup": args.setup,
               "task": args.task, "world": WORLD, "steps": args.steps, "slow": args.slow,
+              "device": args.device, "ps_server": ("a fifth rank" if args.setup == "straggler"
+                                                   else "the last of the 4 ranks"),
               "lr": args.lr, "pull_every": args.pull_every, "link": link, "summary": summary,
               "targets_met": targets, "runs": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -4,6 +4,7 @@ a random rank and check that every survivor raises in time and nothing is left b
     python bench/soak.py                          # 4 ranks, 10 minutes, then 100 kill trials
     python bench/soak.py --minutes 1 --trials 10  # a short run
     python bench/soak.py --fuzz-calls 10000       # also the API fuzz (pyring/testing/api_fuzz.py)
+    python bench/soak.py --minutes 0 --trials 0 --chaos-minutes 10   # the chaos mode (_chaos.py)
 
 Writes bench/results/soak_<tag>.json with the machine's description; exits non-zero when a
 target is missed (any wrong result, any failed trial, any fuzz failure).
@@ -311,6 +312,11 @@ def main() -> int:
     ap.add_argument("--fuzz-calls", type=int, default=0)
     ap.add_argument("--strangers", type=int, default=0, help="rendezvous trials with strangers")
     ap.add_argument("--native-fuzz-runs", type=int, default=0, help="libFuzzer inputs (clang++)")
+    ap.add_argument("--chaos-minutes", type=float, default=0.0,
+                    help="the chaos mode's length (bench/_chaos.py: kills, SIGSTOPs, dropped "
+                         "stores, closes during callbacks, symmetric allocations)")
+    ap.add_argument("--chaos-timeout", type=float, default=2.0,
+                    help="pyring's deadline in the chaos mode, seconds")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat-every", type=int, default=0,
                     help="repeat the calls' kinds and sizes every N calls (the memory target)")
@@ -359,6 +365,16 @@ def main() -> int:
               flush=True)
         out["kill_trials"] = k
         ok &= k["passed"] == k["trials"]
+    if args.chaos_minutes > 0:
+        from _chaos import CHAOS_FAULTS_TARGET, chaos
+
+        c = chaos(args.world, args.chaos_minutes * 60, args.seed, args.chaos_timeout)
+        print(f"chaos: {c['faults']} faults {c['faults_by_kind']}, {c['faults_ok']} ended "
+              f"typed or survived, {c['wrong_results']} wrong results, {c['desyncs']} "
+              f"desyncs, fds across generations {c['fd_growth_across_generations']:+d}, "
+              f"/dev/shm left {c['shm_left']}", flush=True)
+        out["chaos"] = c
+        ok &= c["ok"] and (c["faults"] >= CHAOS_FAULTS_TARGET or args.chaos_minutes < 10)
     path = str(result_path(f"soak_{args.tag}", args.out, args.replace))
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -17,7 +17,7 @@ import pyring
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("build", "kernels", "allreduce", "device_fault", "main_job", "gpu_tests", "sanitizer",
-         "cpu_scaling")
+         "cpu_scaling", "cpu_async")
 
 
 def _positive(x: object) -> bool:
@@ -66,6 +66,10 @@ def test_quick_selfcheck(tmp_path):
     assert {("compute", 1), ("compute", 2), ("pyring", 2), ("ddp-gloo", 2)} <= set(rows)
     assert all(_positive(r["step_s"]) and _positive(r["speedup"]) for r in rows.values())
 
+    runs = steps["cpu_async"]["methods"]
+    assert steps["cpu_async"]["status"] == "ok" and set(runs) == {"sync", "ps_fp32"}
+    assert all(_positive(r["final_loss_mean"]) for r in runs.values())
+
     assert len(doc["targets"]) == 7 and all("target" in t for t in doc["targets"])
     png = tmp_path / "selfcheck.png"
     assert png.exists() if doc["plot"] == str(png) else doc["plot"].startswith("no PNG")
@@ -84,6 +88,6 @@ def test_outside_a_checkout_the_tree_steps_are_skipped_naming_tree(tmp_path):
         timeout=150)
     doc = json.loads((tmp_path / "out" / "selfcheck.json").read_text())
     assert res.returncode == 0 and doc["failed_steps"] == [], res.stdout[-3000:]
-    for name in ("main_job", "cpu_scaling"):
+    for name in ("main_job", "cpu_scaling", "cpu_async"):
         assert "--tree" in doc["steps"][name]["skipped"], doc["steps"][name]
 

@@ -39,6 +39,22 @@ import tempfile
 from pathlib import Path
 
 KINDS = ("address,undefined", "undefined", "thread")
+# The suites CI runs under each kind (.ci/run reads them here): on ASan+UBSan the multi-rank
+# set; on TSan, about 3 times as slow, the part that drives every thread and lifetime (the p2p
+# thread, callbacks and futures into Python, aborts racing the progress thread, a dead store,
+# collectives in flight across steps). bench/sanitize_suites.py runs the rest under TSan.
+SUITES = {
+    "address,undefined": (
+        "tests/test_collectives.py", "tests/test_p2p.py", "tests/test_backend.py",
+        "tests/test_hooks.py", "tests/test_optim.py", "tests/test_staleness.py",
+        "tests/test_parameter_server.py", "tests/test_sim_streams.py", "tests/test_errors.py",
+        "tests/test_hang.py", "tests/test_torch_errors.py", "tests/test_wire_async.py",
+        "tests/test_symmetric.py", "tests/test_store_death.py", "tests/test_partition.py"),
+    "thread": (
+        "tests/test_p2p.py", "tests/test_hooks.py", "tests/test_wire_async.py",
+        "tests/test_errors.py", "tests/test_hang.py", "tests/test_store_death.py",
+        "tests/test_staleness.py"),
+}
 ASAN_SUPPRESSIONS = Path(__file__).with_name("sanitize_asan.supp")
 TSAN_SUPPRESSIONS = Path(__file__).with_name("sanitize_tsan.supp")
 UBSAN_SUPPRESSIONS = Path(__file__).with_name("sanitize_ubsan.supp")
@@ -158,6 +174,10 @@ def split_reports(reports: Path) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--suites"]:  # the suites CI runs under a kind, for .ci/run
+        print(" ".join(SUITES[argv[1]]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kind", choices=KINDS)
     ap.add_argument("--source", type=Path, default=Path.cwd())
@@ -165,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reports", type=Path, default=None,
                     help="the report folder (default: a temporary one, removed)")
     ap.add_argument("--verbose", action="store_true", help="print the others' reports too")
-    argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         ap.error("no command: give it after --")
     cut = argv.index("--")

@@ -16,6 +16,8 @@ Steps, in order, each recorded under "steps" in DIR/selfcheck.json:
   sanitizer    compute-sanitizer memcheck and racecheck over 2-rank allreduces on GPU 0 (the
                device ring, host staging, the one-bit wire)
   cpu_scaling  bench/training.py --mode scaling on the CPU (GPUs hidden), pyring beside DDP+gloo
+  cpu_async    bench/async.py's straggler on the char-LM (GPUs hidden): a core per rank, which
+               the 2-core development machine lacks
 A step that needs a GPU records {"skipped": why} where none is usable; a step that fails
 records its error and the next one runs. The exit status is 1 when a step that ran failed.
 Targets (recorded under "targets" as met or not, never asserted) are in
@@ -320,16 +322,35 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
     return out
 
 
+def step_cpu_async(c: Check) -> dict[str, Any]:
+    path = c.out / "async.json"
+    path.unlink(missing_ok=True)
+    size = ("--seeds 1 --steps 20 --methods sync,ps_fp32" if c.args.quick else
+            "--seeds 3 --steps 200 --methods sync,ssp1,ps_fp32,ps_onebit").split()
+    res = run([sys.executable, "bench/async.py", "--task", "charlm", *size, "--out", str(path)],
+              c.left(360), child_env(CUDA_VISIBLE_DEVICES=""))
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    methods = {m: {k: s.get(k) for k in ("wall_s", "speedup_of_mean_times", "final_loss_mean",
+                                         "worker_wait_fraction")}
+               for m, s in doc.get("summary", {}).items()}
+    out = {"json": str(path), "command": res["command"], "targets_met": doc.get("targets_met"),
+           "methods": methods,
+           "values": {f"{m} loss": r["final_loss_mean"] for m, r in methods.items()}}
+    if res["rc"] != 0:
+        out |= {"error": f"bench/async.py {res['ended']}", "tail": res["tail"]}
+    return out
+
+
 # The measurements first, then the tests and the sanitizer, which may run long when they fail.
 STEPS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "build": step_build, "kernels": step_kernels, "allreduce": step_allreduce,
     "device_fault": step_device_fault, "main_job": step_main_job, "gpu_tests": step_gpu_tests,
-    "sanitizer": step_sanitizer, "cpu_scaling": step_cpu_scaling}
+    "sanitizer": step_sanitizer, "cpu_scaling": step_cpu_scaling, "cpu_async": step_cpu_async}
 # Skipped whole where no GPU is usable.
 GPU_STEPS = ("gpu_tests", "kernels", "allreduce", "device_fault", "sanitizer")
 # Run scripts of the source tree (examples/train.py, bench/training.py), which the installed
 # package does not hold: skipped outside a checkout unless --tree names one.
-TREE_STEPS = ("main_job", "cpu_scaling", "gpu_tests")
+TREE_STEPS = ("main_job", "cpu_scaling", "gpu_tests", "cpu_async")
 
 
 def no_tree_reason() -> str | None:
