@@ -20,6 +20,7 @@ ranks' events (``judge``).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -127,8 +128,12 @@ class _Rank:
         gen = 0
         go = time.time() < self.until
         while go:
-            self.note("gen", gen=gen, fds=_fds(),
-                      rss=_rss_kib(), shm=_shm_count())
+            # fds and memory as left by the last communicator; then what a cyclic collection
+            # finds and frees (a cycle that holds a communicator delays its release)
+            fds, rss = _fds(), _rss_kib()
+            found = gc.collect()
+            self.note("gen", gen=gen, fds=fds, rss=rss, shm=_shm_count(), gc_found=found,
+                      fds_after_gc=_fds(), rss_after_gc=_rss_kib())
             comm = None
             try:
                 if self.store is None:

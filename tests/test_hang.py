@@ -46,3 +46,35 @@ def test_warning_at_half_the_deadline():
 def test_hang_account_names_the_rank_that_never_entered(transport):
     results = run_ranks(4, stuck_rank, transport, 2.0, 3.5, timeout=120)
     assert check_stuck_rank(results, 2.0, account_wait(2.0) + 0.5) == []
+
+
+def test_an_account_whose_store_fails_keeps_no_reference_to_the_core():
+    # Found by the chaos soak: after the store was dropped, each timed-out communicator's
+    # buffers and fds stayed until the next cyclic collection (the store's exception, kept
+    # with its traceback, closed a cycle through the account's thread and the core).
+    import gc
+    import weakref
+
+    from pyring.runtime import hang
+
+    class Core:
+        completed_seq, entered_seq = 3, 4
+
+        def debug_dump(self):
+            return []
+
+    class GoneStore:
+        def set(self, *args):
+            raise RuntimeError("connection reset by peer")
+
+    core = Core()
+    ref = weakref.ref(core)
+    gc.disable()
+    try:
+        text = hang.account(GoneStore(), weakref.ref(core), 0, 2, 4.0, 4, "all_reduce(count=1)")
+        assert "no account of the other ranks: the store failed" in text, text
+        assert "connection reset by peer" in text, text
+        del core
+        assert ref() is None, gc.get_referrers(ref())
+    finally:
+        gc.enable()

@@ -105,13 +105,16 @@ def account(store: Any, core_ref: Any, rank: int, world: int, timeout_s: float, 
         return ""
     wait_s = account_wait(timeout_s) - 0.25
     states: dict[int, dict | None] = {}
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def run() -> None:
         try:
             _gather(store, rank, world, state_of(core), wait_s, states)
         except Exception as e:  # the store is gone or broken
-            errors.append(e)
+            # Its text only: the exception's traceback holds this frame, whose closure holds
+            # `errors` and the core, a cycle that kept a failed communicator's buffers and
+            # fds until the next cyclic collection.
+            errors.append(str(e))
 
     t = threading.Thread(target=run, name="pyring-hang-account", daemon=True)
     t.start()
