@@ -151,8 +151,7 @@ def main() -> int:
         from pyring.testing import sanitize
 
         root = Path(__file__).resolve().parent.parent
-        pkg = sanitize.build(args.sanitize, root, Path.home() / ".cache" / "pyring-sanitize"
-                             / args.sanitize.replace(",", "-"))
+        pkg = sanitize.build(args.sanitize, root, sanitize.default_build(args.sanitize, root))
         reports = Path(tempfile.mkdtemp(prefix="pyring-idle-rank-reports-"))
         env = sanitize.environment(args.sanitize, pkg, reports)
     results = []
