@@ -101,3 +101,12 @@ def test_a_build_folder_configured_from_another_tree_is_emptied(tmp_path, monkey
     seen.clear()
     sanitize.build("address,undefined", source.resolve(), tmp_path / "out")
     assert seen[0] == ["CMakeCache.txt"]  # its own tree's cache is kept
+
+
+def test_deadlines_scale_with_the_sanitizer(monkeypatch):
+    monkeypatch.delenv("PYRING_SANITIZED", raising=False)
+    plain = sanitize.slowdown()
+    monkeypatch.setenv("PYRING_SANITIZED", "address,undefined")
+    asan = sanitize.slowdown()
+    monkeypatch.setenv("PYRING_SANITIZED", "thread")
+    assert plain == 1.0 < asan < sanitize.slowdown()

@@ -74,6 +74,13 @@ REPORT = re.compile(r"^(?:==\d+==ERROR: AddressSanitizer|WARNING: ThreadSanitize
 OURS = re.compile(r"pyring::|_C\.cpython|/csrc/")
 
 
+def slowdown() -> float:
+    """How many times longer this process's native code runs than on a normal build: the
+    factor for deadlines that a test sizes to the work (PYRING_SANITIZED names the kind)."""
+    kind = os.environ.get("PYRING_SANITIZED", "")
+    return 5.0 if kind == "thread" else 2.0 if "address" in kind else 1.0
+
+
 def runtime_libraries(kind: str, cxx: str = "g++") -> list[str]:
     """The libraries to preload for `kind`, as the compiler names them."""
     libs = ["libtsan.so"] if kind == "thread" else \

@@ -31,17 +31,18 @@ void TcpLink::post_recv(RecvSpec spec) {
 
 namespace {
 
-[[noreturn]] void fail(int peer, const char* what, int err) {
+[[noreturn]] void fail(int peer, const std::string& host, const char* what, int err) {
   if (err == 0 || err == ECONNRESET || err == EPIPE) {
-    throw PeerLost(peer, str_cat("connection to rank ", peer, " ", err ? "reset" : "closed",
-                                 " by the peer during ", what));
+    throw PeerLost(peer, str_cat("connection to rank ", peer, " at ", host, " ",
+                                 err ? "reset" : "closed", " by the peer during ", what));
   }
-  PYRING_THROW(CommError, what, " on the connection to rank ", peer, " failed: ", strerror(err));
+  PYRING_THROW(CommError, what, " on the connection to rank ", peer, " at ", host,
+               " failed: ", strerror(err));
 }
 
 }  // namespace
 
-size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue) {
+size_t tcp_send_queued(int fd, int peer, const std::string& host, std::deque<TcpSend>& queue) {
   size_t sent = 0;
   while (!queue.empty()) {
     constexpr size_t kMaxIov = 16;
@@ -58,7 +59,7 @@ size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue) {
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
-      fail(peer, "send", errno);
+      fail(peer, host, "send", errno);
     }
     sent += static_cast<size_t>(n);
     size_t left = static_cast<size_t>(n);
@@ -73,18 +74,18 @@ size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue) {
   return sent;
 }
 
-size_t tcp_recv_some(int fd, int peer, uint8_t* buf, size_t n) {
+size_t tcp_recv_some(int fd, int peer, const std::string& host, uint8_t* buf, size_t n) {
   for (;;) {
     ssize_t got = ::recv(fd, buf, n, MSG_DONTWAIT);
     if (got > 0) return static_cast<size_t>(got);
-    if (got == 0) fail(peer, "recv", 0);
+    if (got == 0) fail(peer, host, "recv", 0);
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    if (errno != EINTR) fail(peer, "recv", errno);
+    if (errno != EINTR) fail(peer, host, "recv", errno);
   }
 }
 
 bool TcpLink::progress_send() {
-  size_t n = tcp_send_queued(fd_, peer_, sends_);
+  size_t n = tcp_send_queued(fd_, peer_, host_, sends_);
   if (n > 0) count_sent(n);
   return n > 0;
 }
@@ -96,10 +97,10 @@ bool TcpLink::progress_recv() {
     const size_t total = r.spec.bytes;
     size_t n;
     if (r.spec.copy_to) {
-      n = tcp_recv_some(fd_, peer_, r.spec.copy_to + r.received, total - r.received);
+      n = tcp_recv_some(fd_, peer_, host_, r.spec.copy_to + r.received, total - r.received);
     } else {
       size_t want = std::min(staging_.size() - staged_, total - r.done - staged_);
-      n = tcp_recv_some(fd_, peer_, staging_.data() + staged_, want);
+      n = tcp_recv_some(fd_, peer_, host_, staging_.data() + staged_, want);
     }
     if (n == 0) break;
     moved = true;

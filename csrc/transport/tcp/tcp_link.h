@@ -24,11 +24,12 @@ using TcpSend = LinkSend;
 
 // Hands the front of `queue` to the non-blocking socket `fd` (several messages per sendmsg)
 // until it would block or the queue is empty, popping what is done; returns the bytes sent.
-// Throws PeerLost (closed or reset by the peer) or CommError naming `peer`.
-size_t tcp_send_queued(int fd, int peer, std::deque<TcpSend>& queue);
+// Throws PeerLost (closed or reset by the peer) or CommError naming `peer` and its address
+// `host` (kept by the link: a socket the kernel has failed no longer has a peer name).
+size_t tcp_send_queued(int fd, int peer, const std::string& host, std::deque<TcpSend>& queue);
 // Reads at most `n` bytes into `buf`; returns how many, 0 when nothing is there. Throws as
 // tcp_send_queued, also when the peer closed the connection.
-size_t tcp_recv_some(int fd, int peer, uint8_t* buf, size_t n);
+size_t tcp_recv_some(int fd, int peer, const std::string& host, uint8_t* buf, size_t n);
 
 class TcpLink final : public QueuedLink {
  public:

@@ -110,7 +110,7 @@ bool TcpStripedLink::receive(Stream& s) {
     }
     size_t n;
     try {
-      n = tcp_recv_some(s.fd, peer_, dst, room);
+      n = tcp_recv_some(s.fd, peer_, host_, dst, room);
     } catch (const CommError&) {
       s.failed = std::current_exception();
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);  // an EOF would keep it readable
@@ -192,7 +192,7 @@ bool TcpStripedLink::progress() {
   PYRING_CHECK(!aborted_, CommError, "link to rank ", peer_, " was aborted");
   bool moved = false;
   for (auto& s : streams_) {
-    const size_t n = tcp_send_queued(s.fd, peer_, s.sends);
+    const size_t n = tcp_send_queued(s.fd, peer_, host_, s.sends);
     if (n > 0) count_sent(n);
     moved |= n > 0;
   }
