@@ -222,6 +222,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("PYRING_EMULATE_RESULT", "path", None,
             "set by `pyring.tools.emulate`: where an emulated host's rank writes its result",
             for_tests=True),
+    Setting("PYRING_SANITIZED", "`address,undefined`, `undefined`, `thread`", None,
+            "set by `pyring.testing.sanitize` in the processes it runs on a sanitizer build: "
+            "tests scale the deadlines they size to the work, and skip memory checks that a "
+            "sanitizer's quarantine defeats ([Sanitizers](sanitizers.md))", for_tests=True),
 )
 BY_VARIABLE: dict[str, Setting] = {s.variable: s for s in SETTINGS}
 
