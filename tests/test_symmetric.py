@@ -184,6 +184,38 @@ def test_a_killed_peer_fails_every_survivor_and_leaves_no_segment(world):
     assert _segments() <= before
 
 
+def massacre_body(rank, world, store):
+    import threading
+
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    store.set(f"massacre-pid{rank}", str(os.getpid()))
+    comm.all_reduce(torch.zeros(1))
+    if rank == 0:
+        pids = [int(store.get(f"massacre-pid{r}")) for r in range(world)]
+
+        def kill_all() -> None:
+            time.sleep(0.5)
+            for pid in pids[1:] + pids[:1]:  # this rank last
+                os.kill(pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_all, daemon=True).start()
+    while True:  # nearly all of the time inside an allocation, mid-exchange
+        comm.empty(1000)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_killed_inside_allocations_leaves_nothing_in_dev_shm(world):
+    """No survivor cleans up here: the segments must never have had a name. (Named segments,
+    unlinked once every rank had mapped them, left the names of the allocation in flight.)"""
+    before = set(os.listdir("/dev/shm"))
+    results = run_ranks(world, massacre_body, timeout=60, allow_failures=True)
+    assert results == [None] * world, results  # every rank died by the signal
+    left = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("pyring-")}
+    assert not left, sorted(left)
+
+
 def churn_body(rank, world, store, n):
     import resource  # noqa: F401
 

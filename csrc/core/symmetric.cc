@@ -33,10 +33,19 @@ struct Record {
   int32_t rank;
   int32_t failed;  // this rank could not make its segment; error says why
   char what[240];
-  char error[160];
+  char error[120];
   int32_t kind;      // DeviceKind of the memory
   int32_t index;     // its device
   IpcHandle handle;  // a device allocation's, for the local peers
+  // A host allocation's segments, for the local peers (open_segment): the process, its
+  // descriptors of the memory and of the control page (-1: none made), and their inodes.
+  int32_t pid;
+  int32_t fd;
+  int32_t control_fd;
+  int32_t pad;
+  uint64_t ino;
+  uint64_t control_ino;
+  uint64_t pid_ns;  // the inode of the process's pid namespace (0: unknown)
 };
 static_assert(sizeof(Record) == 512);
 
@@ -51,29 +60,72 @@ void copy_text(char (&dst)[N], const std::string& s) {
   std::memcpy(dst, s.data(), std::min(s.size(), sizeof dst - 1));
 }
 
-// Creates (O_EXCL, 0600) or opens `name`, sized `bytes`, and maps it populated.
-uint8_t* map_segment(const std::string& name, size_t bytes, bool create) {
-  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
-                        : shm_open(name.c_str(), O_RDWR, 0);
-  PYRING_CHECK(fd >= 0, CommError, "symmetric memory: shm_open(", name,
+// A segment this rank made: its mapping, and the descriptor its local peers open it through
+// until every one has (then closed).
+struct Segment {
+  uint8_t* base = nullptr;
+  int fd = -1;
+  uint64_t ino = 0;
+};
+
+// Makes an anonymous shared-memory file (memfd, mode 0600) of `bytes` and maps it populated.
+// It has no name in any file system, so a rank killed at any point leaves nothing behind:
+// the pages go with the last process that maps them.
+Segment make_segment(const std::string& label, size_t bytes) {
+  Segment s;
+  s.fd = memfd_create(label.c_str(), MFD_CLOEXEC);
+  PYRING_CHECK(s.fd >= 0, CommError, "symmetric memory: memfd_create(", label,
                ") failed: ", std::strerror(errno));
-  void* p = MAP_FAILED;
   std::string why;
   struct stat st{};
-  if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  void* p = MAP_FAILED;
+  if (fchmod(s.fd, 0600) != 0 || fstat(s.fd, &st) != 0) {
+    why = str_cat("fchmod/fstat: ", std::strerror(errno));
+  } else if (ftruncate(s.fd, static_cast<off_t>(bytes)) != 0) {
     why = str_cat("ftruncate to ", bytes, " bytes: ", std::strerror(errno));
-  } else if (!create && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes)) {
-    why = str_cat("its size is ", st.st_size, " bytes, expected ", bytes);
   } else {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd, 0);
     if (p == MAP_FAILED) why = str_cat("mmap of ", bytes, " bytes: ", std::strerror(errno));
   }
-  close(fd);
   if (p == MAP_FAILED) {
-    if (create) shm_unlink(name.c_str());
-    PYRING_THROW(CommError, "symmetric memory: ", name, ": ", why);
+    close(s.fd);
+    PYRING_THROW(CommError, "symmetric memory: ", label, ": ", why);
   }
+  s.base = static_cast<uint8_t*>(p);
+  s.ino = static_cast<uint64_t>(st.st_ino);
+  return s;
+}
+
+// Maps the segment that local rank `peer` (process `pid`) made: its descriptor `fd`, opened
+// through /proc (the process must still hold it), checked to be inode `ino` of `bytes`.
+uint8_t* open_segment(int peer, int32_t pid, int32_t fd, uint64_t ino, size_t bytes) {
+  const std::string path = str_cat("/proc/", pid, "/fd/", fd);
+  const int f = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  PYRING_CHECK(f >= 0, CommError, "symmetric memory: rank ", peer,
+               "'s memory could not be opened (", path, ": ", std::strerror(errno),
+               "): the ranks of a host must run as one user in one pid namespace, with /proc "
+               "mounted");
+  struct stat st{};
+  void* p = MAP_FAILED;
+  std::string why;
+  if (fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_ino) != ino) {
+    why = str_cat(path, " is not the segment rank ", peer, " made (inode ", st.st_ino, ", not ",
+                  ino, ")");
+  } else if (static_cast<size_t>(st.st_size) != bytes) {
+    why = str_cat("its size is ", st.st_size, " bytes, expected ", bytes);
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
+    if (p == MAP_FAILED) why = str_cat("mmap of ", bytes, " bytes: ", std::strerror(errno));
+  }
+  close(f);
+  PYRING_CHECK(p != MAP_FAILED, CommError, "symmetric memory: rank ", peer, "'s segment: ", why);
   return static_cast<uint8_t*>(p);
+}
+
+// The inode of this process's pid namespace (0 where /proc does not say).
+uint64_t pid_namespace() {
+  struct stat st{};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 // How long a waiting rank whose core is shared yields it before it sleeps (SymmetricHeap::wait).
@@ -122,8 +174,8 @@ SymmetricHeap::~SymmetricHeap() {
   }
 }
 
-std::string SymmetricHeap::name_of(const char* kind, uint64_t n, int rank) const {
-  return str_cat("/pyring-", job_, "-", kind, n, "-", rank);
+std::string SymmetricHeap::label_of(const char* kind, uint64_t n) const {
+  return str_cat("pyring-", job_, "-", kind, n, "-", rank_);
 }
 
 std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm, size_t bytes,
@@ -140,15 +192,17 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   a->device = device;
   a->my = my_;
   a->bases.assign(local_.size(), nullptr);
-  std::vector<std::string> names;  // every local rank's, removed on every way out
-  for (int r : local_) names.push_back(name_of("y", id, r));
-  if (first) {
-    for (int r : local_) names.push_back(name_of("yc", id, r));
-    controls_.assign(local_.size(), nullptr);
-  }
-  auto unlink_all = [&] {
-    for (const std::string& n : names) shm_unlink(n.c_str());
-  };
+  if (first) controls_.assign(local_.size(), nullptr);
+  // This rank's segments: their descriptors stay open until every local peer has opened them.
+  Segment seg, control_seg;
+  struct Closer {
+    Segment& a;
+    Segment& b;
+    ~Closer() {
+      if (a.fd >= 0) close(a.fd);
+      if (b.fd >= 0) close(b.fd);
+    }
+  } closer{seg, control_seg};
 
   Record mine{};
   mine.magic = kRecordMagic;
@@ -157,15 +211,23 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   mine.rank = rank_;
   mine.kind = static_cast<int32_t>(device.kind);
   mine.index = device.index;
+  mine.pid = static_cast<int32_t>(getpid());
+  mine.fd = mine.control_fd = -1;
+  mine.pid_ns = pid_namespace();
   copy_text(mine.what, what);
   try {
     if (first) {
-      controls_[my_] = reinterpret_cast<SymmetricControl*>(
-          map_segment(name_of("yc", id, rank_), kControlBytes, true));
+      control_seg = make_segment(label_of("yc", id), kControlBytes);
+      controls_[my_] = reinterpret_cast<SymmetricControl*>(control_seg.base);
       controls_[my_]->pid = static_cast<int32_t>(getpid());
+      mine.control_fd = control_seg.fd;
+      mine.control_ino = control_seg.ino;
     }
     if (host) {
-      a->bases[my_] = map_segment(name_of("y", id, rank_), a->mapped, true);
+      seg = make_segment(label_of("y", id), a->mapped);
+      a->bases[my_] = seg.base;
+      mine.fd = seg.fd;
+      mine.ino = seg.ino;
     } else {
       a->queue = comm.device_queue(device);
       DeviceRuntime& rt = device_runtime(device.kind);
@@ -201,23 +263,28 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
                    Device{static_cast<DeviceKind>(all[0].kind), all[0].index}.str(), " but rank ",
                    r.rank, " on ", Device{static_cast<DeviceKind>(r.kind), r.index}.str());
     }
+    const Record& me = all[static_cast<size_t>(rank_)];
     for (size_t li = 0; li < local_.size(); ++li) {
       if (static_cast<int>(li) == my_) continue;
+      const int peer = local_[li];
+      const Record& r = all[static_cast<size_t>(peer)];
+      PYRING_CHECK(!(host || first) || r.pid_ns == me.pid_ns, CommError,
+                   "symmetric memory: the ranks of a host must share one pid namespace (they "
+                   "open each other's memory through /proc): rank ",
+                   rank_, " is in pid:[", me.pid_ns, "], rank ", peer, " in pid:[", r.pid_ns, "]");
       if (first) {
         controls_[li] = reinterpret_cast<SymmetricControl*>(
-            map_segment(name_of("yc", id, local_[li]), kControlBytes, false));
+            open_segment(peer, r.pid, r.control_fd, r.control_ino, kControlBytes));
       }
       if (host) {
-        a->bases[li] = map_segment(name_of("y", id, local_[li]), a->mapped, false);
+        a->bases[li] = open_segment(peer, r.pid, r.fd, r.ino, a->mapped);
       } else {
-        const Record& r = all[static_cast<size_t>(local_[li])];
         a->bases[li] =
             static_cast<uint8_t*>(device_runtime(device.kind).ipc_open(device.index, r.handle));
       }
     }
     ring_barrier(comm, deadline);  // every local rank has mapped every segment
   } catch (...) {
-    unlink_all();
     if (first) {
       for (SymmetricControl*& c : controls_) {
         if (c) munmap(c, kControlBytes);
@@ -226,7 +293,6 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
     }
     throw;
   }
-  unlink_all();
   active_.store(true, std::memory_order_release);
   {
     std::lock_guard<std::mutex> g(mu_);

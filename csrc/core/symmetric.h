@@ -2,12 +2,14 @@
 // (pyring.empty), on the host or on a device, and the flags that order the zero-copy
 // collectives on them (collectives/zero_copy.h).
 //
-// Each allocation is one POSIX shared-memory segment per local rank, mode 0600, named from the
-// job, the allocation's number and the rank (so a survivor can remove a dead rank's name),
-// mapped by every local rank and unlinked as soon as all have: a rank killed at any point
-// leaves no name behind once a peer has failed or finished. Freeing is local (munmap): the
-// kernel keeps the pages while a peer still maps them, and no zero-copy call returns while a
-// peer still reads this rank's memory for it, so a freed tensor is never read again.
+// Each allocation is one anonymous shared-memory file (memfd, mode 0600) per local rank: it has
+// no name in any file system, so a rank killed at any point, or every rank at once, leaves
+// nothing in /dev/shm. Its local peers open it through /proc/PID/fd/FD while its rank still
+// holds the descriptor (the allocation's exchange says which, and its inode; the rank closes
+// it once every local rank has mapped it), so the ranks of a host must run as one user in one
+// pid namespace. Freeing is local (munmap): the kernel keeps the pages while a peer still maps
+// them, and no zero-copy call returns while a peer still reads this rank's memory for it, so a
+// freed tensor is never read again.
 //
 // On a device (CUDA, sim), each rank allocates device memory of its own and every local peer
 // opens it once through its IPC handle (DeviceRuntime::ipc_open). Freeing retires this rank's
@@ -97,7 +99,7 @@ constexpr size_t kStagingBytes = 64 << 10;
 class SymmetricHeap {
  public:
   // `local`: the ranks of this host, this one included, in rank order; `job`: the job's id
-  // (it names the segments); `shared_cores`: some local ranks share a core (a waiting rank
+  // (it labels the segments); `shared_cores`: some local ranks share a core (a waiting rank
   // yields its core rather than spinning on it); `across_hosts`: the job spans several hosts
   // of as many ranks each, grouped by host in its topology (collectives/zero_copy.h's
   // all_reduce across hosts), alike on every rank.
@@ -195,8 +197,8 @@ class SymmetricHeap {
   uint64_t calls_entered() const { return entered_; }
 
  private:
-  std::string name_of(const char* kind, uint64_t n, int rank) const;
-  void map_controls(Communicator& comm, Deadline deadline);
+  // The label of this rank's segment (seen in /proc/PID/maps as /memfd:LABEL).
+  std::string label_of(const char* kind, uint64_t n) const;
 
   int rank_;
   std::vector<int> local_;
