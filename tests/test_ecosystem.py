@@ -290,9 +290,12 @@ COMPILE_JOB = textwrap.dedent("""
 
 
 def _run(cmd, tmp_path, env=None):
+    # A rank that dies by a signal dumps its threads' Python stacks (faulthandler) beside the
+    # native one pyring prints for a std::terminate: the tail says which rank, backend and
+    # thread.
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **(env or {})})
-    assert out.returncode == 0, out.stderr[-3000:]
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})})
+    assert out.returncode == 0, (cmd[-3:], out.stderr[-12000:])
 
 
 def test_lightning_ddp_and_ddp_spawn_on_pyring_match_gloo(tmp_path):

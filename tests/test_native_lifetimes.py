@@ -72,3 +72,30 @@ def test_a_callback_that_drops_the_last_reference_to_its_communicator(tmp_path):
                           text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip() == "refs [2]", proc.stdout
+
+
+_TERMINATES = textwrap.dedent("""
+    import ctypes, threading
+    import pyring._C  # noqa: F401 (installs the trace)
+
+    def victim():
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, b"terminate-test", 0, 0, 0)  # PR_SET_NAME
+        ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev()  # std::terminate()
+
+    t = threading.Thread(target=victim)
+    t.start()
+    t.join()
+""")
+
+
+def test_a_terminate_names_its_thread_and_prints_its_stack(tmp_path):
+    # The trace runs before the C++ runtime's own handler, which still prints its reason and
+    # aborts the process.
+    proc = subprocess.run([sys.executable, "-c", _TERMINATES], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == -6, (proc.returncode, proc.stderr[-4000:])
+    head = "pyring: std::terminate on thread 'terminate-test'"
+    assert head in proc.stderr, proc.stderr[-4000:]
+    stack = proc.stderr.split(head, 1)[1]
+    assert "libstdc++" in stack and "terminate called without an active exception" in stack, stack

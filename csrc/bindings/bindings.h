@@ -25,6 +25,8 @@ void register_communicator(py::module_& m);
 void register_device(py::module_& m);
 void register_kernels(py::module_& m);
 void register_cuda(py::module_& m);
+// Names the thread and prints its native stack when std::terminate runs (terminate_trace.cc).
+void install_terminate_trace();
 
 // One rank's published endpoint for a channel: (host key, {transport: address}).
 using EndpointTuple = std::tuple<std::string, std::map<std::string, std::string>>;

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   pyring::bindings::register_communicator(m);
   pyring::bindings::register_kernels(m);
   pyring::bindings::register_cuda(m);
+  pyring::bindings::install_terminate_trace();
 }
