@@ -305,7 +305,8 @@ def empty(*size: Any, dtype: Any = None, device: Any = None, comm: Communicator 
 
     Collective: every rank calls it with the same size and dtype, in the same order; a
     mismatch raises on every rank naming both calls. On the host the memory is one
-    shared-memory segment per rank (mode 0600), unlinked once every local rank has mapped it;
+    shared-memory file per rank (mode 0600) that never has a name in ``/dev/shm``
+    (``memfd_create``; local peers open it through ``/proc``), so no ending leaves it behind;
     on a CUDA device (or the test-only sim device) it is device memory that every local rank
     opens once through its IPC handle (ranks may use different GPUs of the host, or share
     one). The returned tensor is an ordinary torch tensor whose storage keeps the mapping

@@ -6,10 +6,10 @@
 // no name in any file system, so a rank killed at any point, or every rank at once, leaves
 // nothing in /dev/shm. Its local peers open it through /proc/PID/fd/FD while its rank still
 // holds the descriptor (the allocation's exchange says which, and its inode; the rank closes
-// it once every local rank has mapped it), so the ranks of a host must run as one user in one
-// pid namespace. Freeing is local (munmap): the kernel keeps the pages while a peer still maps
-// them, and no zero-copy call returns while a peer still reads this rank's memory for it, so a
-// freed tensor is never read again.
+// it once every local rank has mapped it). Ranks are of one host only where they share a pid
+// namespace (pyring.runtime.rendezvous.host_key), so they see each other in /proc. Freeing is local
+// (munmap): the kernel keeps the pages while a peer still maps them, and no zero-copy call returns
+// while a peer still reads this rank's memory for it, so a freed tensor is never read again.
 //
 // On a device (CUDA, sim), each rank allocates device memory of its own and every local peer
 // opens it once through its IPC handle (DeviceRuntime::ipc_open). Freeing retires this rank's
