@@ -128,8 +128,8 @@ def test_uneven_hosts_explicit_topology(hosts):
 
 
 def test_hosts_sharing_dev_shm(hosts):
-    """Hosts that see one /dev/shm (but not one IPC namespace) still get segments of their own:
-    segment names are unique per job and rank."""
+    """Hosts that see one /dev/shm (but not one IPC namespace) still run apart: no segment has
+    a name there (core/shared_file.h), and the host key keeps each host's ranks to their own."""
     res = run_job(hosts, 2, {"mode": "check", "algos": ["ring", "tree"]}, shared_shm=True)
     check_hosts(res, [2, 2], private_shm=False)
 

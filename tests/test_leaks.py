@@ -28,3 +28,41 @@ def test_communicators_created_and_destroyed_leave_nothing(transport, tmp_path):
         # No growth; the warm-up's count may still hold a thread that was ending.
         assert rank["end"]["threads"] <= rank["after_warmup"]["threads"]
         assert rank["end"]["fds"] == rank["after_warmup"]["fds"]
+
+
+def init_massacre_body(rank, world, store, device):
+    import os
+    import signal
+    import threading
+    import time
+
+    import pyring
+
+    store.set(f"init-massacre-pid{rank}", str(os.getpid()))
+    if rank == 0:
+        pids = [int(store.get(f"init-massacre-pid{r}")) for r in range(world)]
+
+        def kill_all() -> None:
+            time.sleep(1.5)
+            for pid in pids[1:] + pids[:1]:  # this rank last
+                os.kill(pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_all, daemon=True).start()
+    while True:  # most of the time inside init, between making the segments and releasing them
+        pyring.init(rank, world, store, set_default=False, timeout=60, device=device).close()
+
+
+@pytest.mark.parametrize("device", [None, "sim:0"])
+def test_every_rank_killed_inside_init_leaves_nothing_in_dev_shm(device):
+    """No survivor cleans up here: the shm transport's segments and the device links' control
+    pages must never have had a name. (Named ones, unlinked once every peer had attached, left
+    the names of the init in flight.)"""
+    import os
+
+    from pyring.launch import run_ranks
+
+    before = set(os.listdir("/dev/shm"))
+    results = run_ranks(3, init_massacre_body, device, timeout=60, allow_failures=True)
+    assert results == [None] * 3, results  # every rank died by the signal
+    left = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("pyring-")}
+    assert not left, sorted(left)

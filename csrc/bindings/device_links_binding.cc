@@ -9,6 +9,7 @@
 #include "core/device_queue.h"
 #include "core/errors.h"
 #include "core/link.h"
+#include "core/shared_file.h"
 #include "transport/factory.h"
 #include "transport/registry.h"
 
@@ -32,7 +33,7 @@ struct PendingDeviceLinks {
 };
 
 std::shared_ptr<DevicePrepared> prepare(int kind, int index, uint32_t local_world,
-                                        size_t slot_bytes, const std::string& name,
+                                        size_t slot_bytes, const std::string& job, int rank,
                                         const std::vector<int>& senders) {
   auto p = std::make_shared<DevicePrepared>();
   p->device = Device{device_kind_from_int(kind), index};
@@ -42,7 +43,7 @@ std::shared_ptr<DevicePrepared> prepare(int kind, int index, uint32_t local_worl
   setup.device = p->device;
   setup.local_world = local_world;
   setup.slot_bytes = slot_bytes;
-  setup.name = name;
+  setup.label = shared_file_label(job, rank, "device");
   setup.senders = senders;
   // Allocating device memory may wait for the device's streams: not with the GIL held.
   py::gil_scoped_release nogil;
@@ -102,13 +103,24 @@ py::tuple connect(Communicator& comm, const DevicePrepared& prepared,
 void register_device_links(CommunicatorClass& cls, py::module_& m) {
   py::class_<DevicePrepared, std::shared_ptr<DevicePrepared>>(m, "DevicePrepared")
       .def_readonly("addresses", &DevicePrepared::addresses)
-      .def_readonly("refused", &DevicePrepared::refused);
+      .def_readonly("refused", &DevicePrepared::refused)
+      .def(
+          "release",
+          [](DevicePrepared& p) {
+            for (const auto& [name, state] : p.states) {
+              transports()[static_cast<size_t>(transport_index(name))]->release(state.get());
+            }
+          },
+          "Removes what strangers could still find (descriptors peers open shared files "
+          "through); the links stay up.");
   py::class_<PendingDeviceLinks, std::shared_ptr<PendingDeviceLinks>>(m, "PendingDeviceLinks")
       .def_readonly("transport", &PendingDeviceLinks::transport);
   m.def("prepare_device_transports", &prepare, py::arg("kind"), py::arg("index"),
-        py::arg("local_world"), py::arg("slot_bytes"), py::arg("name"), py::arg("senders"),
+        py::arg("local_world"), py::arg("slot_bytes"), py::arg("job"), py::arg("rank"),
+        py::arg("senders"),
         "Makes this rank's resources for every device transport, receive memory for the "
-        "ranks in `senders` alone; their addresses to publish.");
+        "ranks in `senders` alone; their addresses to publish. release() once every rank "
+        "connected, or on failure.");
   cls.def("connect_device_links", &connect, py::arg("prepared"), py::arg("endpoints"),
           py::arg("needed"), py::arg("local_index"), py::arg("local_world"),
           "(PendingDeviceLinks, '') or (None, why the device links could not be made).")

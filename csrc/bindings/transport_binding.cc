@@ -5,7 +5,6 @@
 #include "transport/host_channel.h"
 #include "transport/registry.h"
 #include "transport/shm/shm_link.h"  // process_alive
-#include "transport/shm/shm_segment.h"
 #include "transport/tcp/hmac_sha256.h"
 
 namespace pyring::bindings {
@@ -79,10 +78,9 @@ void register_transport(py::module_& m) {
           },
           py::arg("peer"), "The planned transport to `peer` (None: this rank).")
       .def("release", &HostChannel::release,
-           "Removes what strangers could still find (shm names, listening ports).")
+           "Removes what strangers could still find (descriptors peers open shared files "
+           "through, listening ports).")
       .def_property_readonly("counters", &HostChannel::counters);
-  m.def("unlink_shm", &ShmSegment::unlink, py::arg("name"),
-        "Removes a shared-memory name; a missing one is not an error.");
   m.def(
       "hmac_sha256",
       [](py::bytes key, py::bytes data) {

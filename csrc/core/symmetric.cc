@@ -1,11 +1,9 @@
 #include "core/symmetric.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include "collectives/collectives.h"
 #include "core/communicator.h"
 #include "core/errors.h"
+#include "core/shared_file.h"
 
 namespace pyring {
 
@@ -37,7 +36,7 @@ struct Record {
   int32_t kind;      // DeviceKind of the memory
   int32_t index;     // its device
   IpcHandle handle;  // a device allocation's, for the local peers
-  // A host allocation's segments, for the local peers (open_segment): the process, its
+  // A host allocation's files, for the local peers (open_peer): the process, its
   // descriptors of the memory and of the control page (-1: none made), and their inodes.
   int32_t pid;
   int32_t fd;
@@ -59,65 +58,10 @@ void copy_text(char (&dst)[N], const std::string& s) {
   std::memcpy(dst, s.data(), std::min(s.size(), sizeof dst - 1));
 }
 
-// A segment this rank made: its mapping, and the descriptor its local peers open it through
-// until every one has (then closed).
-struct Segment {
-  uint8_t* base = nullptr;
-  int fd = -1;
-  uint64_t ino = 0;
-};
-
-// Makes an anonymous shared-memory file (memfd, mode 0600) of `bytes` and maps it populated.
-// It has no name in any file system, so a rank killed at any point leaves nothing behind:
-// the pages go with the last process that maps them.
-Segment make_segment(const std::string& label, size_t bytes) {
-  Segment s;
-  s.fd = memfd_create(label.c_str(), MFD_CLOEXEC);
-  PYRING_CHECK(s.fd >= 0, CommError, "symmetric memory: memfd_create(", label,
-               ") failed: ", std::strerror(errno));
-  std::string why;
-  struct stat st{};
-  void* p = MAP_FAILED;
-  if (fchmod(s.fd, 0600) != 0 || fstat(s.fd, &st) != 0) {
-    why = str_cat("fchmod/fstat: ", std::strerror(errno));
-  } else if (ftruncate(s.fd, static_cast<off_t>(bytes)) != 0) {
-    why = str_cat("ftruncate to ", bytes, " bytes: ", std::strerror(errno));
-  } else {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd, 0);
-    if (p == MAP_FAILED) why = str_cat("mmap of ", bytes, " bytes: ", std::strerror(errno));
-  }
-  if (p == MAP_FAILED) {
-    close(s.fd);
-    PYRING_THROW(CommError, "symmetric memory: ", label, ": ", why);
-  }
-  s.base = static_cast<uint8_t*>(p);
-  s.ino = static_cast<uint64_t>(st.st_ino);
-  return s;
-}
-
-// Maps the segment that local rank `peer` (process `pid`) made: its descriptor `fd`, opened
-// through /proc (the process must still hold it), checked to be inode `ino` of `bytes`.
-uint8_t* open_segment(int peer, int32_t pid, int32_t fd, uint64_t ino, size_t bytes) {
-  const std::string path = str_cat("/proc/", pid, "/fd/", fd);
-  const int f = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  PYRING_CHECK(f >= 0, CommError, "symmetric memory: rank ", peer,
-               "'s memory could not be opened (", path, ": ", std::strerror(errno),
-               "): the ranks of a host must run as one user, with /proc mounted");
-  struct stat st{};
-  void* p = MAP_FAILED;
-  std::string why;
-  if (fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_ino) != ino) {
-    why = str_cat(path, " is not the segment rank ", peer, " made (inode ", st.st_ino, ", not ",
-                  ino, ")");
-  } else if (static_cast<size_t>(st.st_size) != bytes) {
-    why = str_cat("its size is ", st.st_size, " bytes, expected ", bytes);
-  } else {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
-    if (p == MAP_FAILED) why = str_cat("mmap of ", bytes, " bytes: ", std::strerror(errno));
-  }
-  close(f);
-  PYRING_CHECK(p != MAP_FAILED, CommError, "symmetric memory: rank ", peer, "'s segment: ", why);
-  return static_cast<uint8_t*>(p);
+// Maps local rank `peer`'s file of `bytes` that its record names (descriptor `fd`, inode `ino`).
+uint8_t* open_peer(int peer, int32_t pid, int32_t fd, uint64_t ino, size_t bytes) {
+  return map_shared_file(str_cat("symmetric memory: rank ", peer, "'s segment"),
+                         SharedFileId{pid, fd, ino}, bytes);
 }
 
 // How long a waiting rank whose core is shared yields it before it sleeps (SymmetricHeap::wait).
@@ -185,16 +129,8 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   a->my = my_;
   a->bases.assign(local_.size(), nullptr);
   if (first) controls_.assign(local_.size(), nullptr);
-  // This rank's segments: their descriptors stay open until every local peer has opened them.
-  Segment seg, control_seg;
-  struct Closer {
-    Segment& a;
-    Segment& b;
-    ~Closer() {
-      if (a.fd >= 0) close(a.fd);
-      if (b.fd >= 0) close(b.fd);
-    }
-  } closer{seg, control_seg};
+  // This rank's files: their descriptors stay open until every local peer has opened them.
+  std::unique_ptr<SharedFile> file, control_file;
 
   Record mine{};
   mine.magic = kRecordMagic;
@@ -208,17 +144,17 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
   copy_text(mine.what, what);
   try {
     if (first) {
-      control_seg = make_segment(label_of("yc", id), kControlBytes);
-      controls_[my_] = reinterpret_cast<SymmetricControl*>(control_seg.base);
+      control_file = std::make_unique<SharedFile>(label_of("yc", id));
+      controls_[my_] = reinterpret_cast<SymmetricControl*>(control_file->map(kControlBytes));
       controls_[my_]->pid = static_cast<int32_t>(getpid());
-      mine.control_fd = control_seg.fd;
-      mine.control_ino = control_seg.ino;
+      mine.control_fd = control_file->id().fd;
+      mine.control_ino = control_file->id().ino;
     }
     if (host) {
-      seg = make_segment(label_of("y", id), a->mapped);
-      a->bases[my_] = seg.base;
-      mine.fd = seg.fd;
-      mine.ino = seg.ino;
+      file = std::make_unique<SharedFile>(label_of("y", id));
+      a->bases[my_] = file->map(a->mapped);
+      mine.fd = file->id().fd;
+      mine.ino = file->id().ino;
     } else {
       a->queue = comm.device_queue(device);
       DeviceRuntime& rt = device_runtime(device.kind);
@@ -260,10 +196,10 @@ std::shared_ptr<SymmetricAllocation> SymmetricHeap::allocate(Communicator& comm,
       const Record& r = all[static_cast<size_t>(peer)];
       if (first) {
         controls_[li] = reinterpret_cast<SymmetricControl*>(
-            open_segment(peer, r.pid, r.control_fd, r.control_ino, kControlBytes));
+            open_peer(peer, r.pid, r.control_fd, r.control_ino, kControlBytes));
       }
       if (host) {
-        a->bases[li] = open_segment(peer, r.pid, r.fd, r.ino, a->mapped);
+        a->bases[li] = open_peer(peer, r.pid, r.fd, r.ino, a->mapped);
       } else {
         a->bases[li] =
             static_cast<uint8_t*>(device_runtime(device.kind).ipc_open(device.index, r.handle));

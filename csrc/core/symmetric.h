@@ -2,11 +2,11 @@
 // (pyring.empty), on the host or on a device, and the flags that order the zero-copy
 // collectives on them (collectives/zero_copy.h).
 //
-// Each allocation is one anonymous shared-memory file (memfd, mode 0600) per local rank: it has
-// no name in any file system, so a rank killed at any point, or every rank at once, leaves
-// nothing in /dev/shm. Its local peers open it through /proc/PID/fd/FD while its rank still
-// holds the descriptor (the allocation's exchange says which, and its inode; the rank closes
-// it once every local rank has mapped it). Ranks are of one host only where they share a pid
+// Each allocation is one unnamed shared file (core/shared_file.h: memfd, mode 0600) per local
+// rank, so a rank killed at any point, or every rank at once, leaves nothing in /dev/shm. Its
+// local peers open it through /proc/PID/fd/FD while its rank still holds the descriptor (the
+// allocation's exchange says which, and its inode; the rank closes it once every local rank has
+// mapped it). Ranks are of one host only where they share a pid
 // namespace (pyring.runtime.rendezvous.host_key), so they see each other in /proc. Freeing is local
 // (munmap): the kernel keeps the pages while a peer still maps them, and no zero-copy call returns
 // while a peer still reads this rank's memory for it, so a freed tensor is never read again.

@@ -41,7 +41,7 @@ struct DeviceSetup {
   Device device;
   uint32_t local_world = 1;
   size_t slot_bytes = 0;  // pipelining unit
-  std::string name;       // a unique name for host shared memory of this rank, if it needs one
+  std::string label;      // of this rank's host shared memory, if it needs some (SharedFile)
   // The ranks whose device links send to this rank: the ring's left neighbour, for the device
   // collectives are ring schedules. A transport may give receive memory to these alone.
   std::vector<int> senders;
@@ -50,7 +50,7 @@ struct DeviceSetup {
 // A host transport's setting for one channel of this rank, before the rendezvous.
 struct HostSetup {
   int rank = 0;
-  std::string job;      // unique per job: names the resources hosts could share (/dev/shm)
+  std::string job;      // unique per job: labels the resources (shared_file_label)
   std::string channel;  // "" (collectives) or "p2p"
   std::string host_ip;  // the IPv4 address this rank is reached at
   size_t segment_bytes = 0;
@@ -70,7 +70,8 @@ class Transport {
   virtual Memory memory() const { return Memory::kHost; }
   // Device transports: makes this rank's resources and returns the state connect() reads from
   // setup.prepared, with the address to publish in *address. Throws where the device refuses
-  // (CudaError); the rank then publishes no address for this transport.
+  // (CudaError); the rank then publishes no address for this transport. release(state), as
+  // for host transports, once every rank connected or on failure.
   virtual std::shared_ptr<void> prepare(const DeviceSetup& setup, std::string* address) const;
   // Host transports, in three steps around the rendezvous (transport/host_channel.h):
   // prepare makes what the address names before it is published and returns the state
@@ -78,9 +79,8 @@ class Transport {
   // address is published); ready, once every rank's endpoint is known, makes what needs them
   // (`used`: some peer of this rank goes over this transport) and says whether peers must wait
   // for it before they connect; release, once every peer connected or on failure, removes
-  // what strangers could still find (a name, a listening port), the links staying up; shm
-  // removes its local peers' names too, so that a peer that died before its own release
-  // leaves nothing behind.
+  // what strangers could still find (a listening port, a descriptor peers open a file
+  // through), the links staying up.
   virtual std::shared_ptr<void> prepare(const HostSetup& setup, std::string* address) const;
   virtual bool ready(void* state, const std::vector<Endpoint>& all, int rank, uint32_t local_world,
                      bool used) const;

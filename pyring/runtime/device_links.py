@@ -23,7 +23,6 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
     staged. Collective over the ranks in ``peers`` (each published its ``device``)."""
     if world < 2 or not any(p["device"] for p in peers):
         return None
-    name = rendezvous.shm_name(job_id, rank, "device")
     prepared, why = None, ""
     if device is None:
         why = "bound to no device at init (init(device=...))"
@@ -34,7 +33,7 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
         order = list(core.ring_order)
         left = order[order.index(rank) - 1]  # the device collectives' only sender to this rank
         prepared = _C.prepare_device_transports(KIND_NAMES.index(kind), int(index), local_world,
-                                                cfg.device_segment_bytes, name, [left])
+                                                cfg.device_segment_bytes, job_id, rank, [left])
         why = "; ".join(f"{t}: {e}" for t, e in prepared.refused.items())
     try:
         mine = {"host": rendezvous.host_key(),
@@ -51,7 +50,8 @@ def connect(core: Any, store: Any, rank: int, world: int, peers: list[dict], dev
         oks = rendezvous.exchange(store, rank, world, "" if pending else why, cfg.timeout_s,
                                   key="device_ok")
     finally:
-        _C.unlink_shm(name)
+        if prepared is not None:
+            prepared.release()
     failed = {r: w for r, w in enumerate(oks) if w}
     if failed:
         if rank == 0:

@@ -254,9 +254,3 @@ def prefixed(store: Any, rank: int) -> Any:
 
     n = Guarded(store, rank).add(f"pyring/inits/{rank}", 1)
     return Guarded(dist.PrefixStore(f"pyring/{n}", store), rank)
-
-
-def shm_name(job: str, rank: int, channel: str = "") -> str:
-    """Unique per job, global rank and channel, so hosts that share /dev/shm never collide: the
-    device transports' host memory (channel 'device'; the host transports name their own)."""
-    return f"/pyring-{job}-{rank}" + (f"-{channel}" if channel else "")

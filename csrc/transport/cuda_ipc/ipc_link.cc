@@ -20,13 +20,14 @@ size_t inbox_index(const std::vector<int>& senders, int rank) {
 }
 
 IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> senders_,
-                   uint32_t nslots_, size_t slot_bytes_, const std::string& control_name)
+                   uint32_t nslots_, size_t slot_bytes_, const std::string& control_label)
     : device(device_),
       rt(device_runtime(device_.kind)),
       local_world(local_world_),
       senders(std::move(senders_)),
       nslots(nslots_),
-      slot_bytes(slot_bytes_) {
+      slot_bytes(slot_bytes_),
+      control_file(control_label) {
   PYRING_CHECK_ARG(slot_bytes > 0 && slot_bytes % kPieceAlign == 0 && slot_bytes <= UINT32_MAX,
                    "cuda_ipc slot size ", slot_bytes, " must be a positive multiple of ",
                    kPieceAlign, " below 4 GiB");
@@ -35,7 +36,7 @@ IpcState::IpcState(Device device_, uint32_t local_world_, std::vector<int> sende
   region = static_cast<uint8_t*>(device_alloc(rt, device.index, inbox_offset(senders.size(), 0)));
   try {
     handle = rt.ipc_handle(device.index, region);
-    control = ShmSegment::create(control_name, local_world, nslots, kIpcControlSlotBytes);
+    control = ShmSegment::create(control_file, local_world, nslots, kIpcControlSlotBytes);
   } catch (...) {
     device_free(rt, device.index, region);
     throw;
@@ -47,7 +48,6 @@ IpcState::~IpcState() {
     device_free(rt, device.index, region);
     return;
   }
-  ShmSegment::unlink(control->name());
   int holder = 0;
   if (importers_gone(kIpcUnmapWait, &holder)) {
     device_free(rt, device.index, region);

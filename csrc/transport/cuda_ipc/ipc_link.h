@@ -48,7 +48,7 @@ constexpr size_t kIpcTraceEvents = 1 << 20;
 // warning: freed memory that a peer's queued copies still write would corrupt what reuses it.
 struct IpcState {
   IpcState(Device device, uint32_t local_world, std::vector<int> senders, uint32_t nslots,
-           size_t slot_bytes, const std::string& control_name);
+           size_t slot_bytes, const std::string& control_label);
   ~IpcState();
   // Whether every sender has unmapped the region or died, waiting up to `wait`; the pid of
   // one that has not in *holder.
@@ -69,6 +69,7 @@ struct IpcState {
   size_t slot_bytes;
   uint8_t* region = nullptr;  // device memory: one inbox of nslots slots per sender
   IpcHandle handle;
+  SharedFile control_file;  // the control segment's memory; closed at Transport::release
   std::shared_ptr<ShmSegment> control;  // nslots lengths, head and tail per inbox
 };
 

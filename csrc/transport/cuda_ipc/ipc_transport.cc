@@ -1,7 +1,7 @@
 // The cuda_ipc entry of the transport registry: device buffers between processes of one host,
-// several ranks on one GPU included. Address: "<device> <nslots> <slot bytes> <control segment>
-// <IPC handle, hex> <number of senders> <sender rank>...", made once at init
-// (Transport::prepare); the handle is opened once per peer at connect, never per collective.
+// several ranks on one GPU included. Address: "<device> <nslots> <slot bytes> <control segment's
+// file, SharedFileId::str> <IPC handle, hex> <number of senders> <sender rank>...", made once at
+// init (Transport::prepare); the handle is opened once per peer at connect, never per collective.
 #include <cstdio>
 #include <sstream>
 
@@ -82,13 +82,15 @@ class IpcTransport final : public Transport {
     const size_t slot = setup.slot_bytes / kPieceAlign * kPieceAlign;
     auto state =
         std::make_shared<IpcState>(setup.device, setup.local_world, setup.senders, kIpcSlots,
-                                   slot < kPieceAlign ? kPieceAlign : slot, setup.name);
-    *address = str_cat(
-        setup.device.str(), " ", state->nslots, " ", state->slot_bytes, " ", state->control->name(),
-        " ", to_hex(state->handle.bytes, sizeof(state->handle.bytes)), " ", state->senders.size());
+                                   slot < kPieceAlign ? kPieceAlign : slot, setup.label);
+    *address = str_cat(setup.device.str(), " ", state->nslots, " ", state->slot_bytes, " ",
+                       state->control_file.id().str(), " ",
+                       to_hex(state->handle.bytes, sizeof(state->handle.bytes)), " ",
+                       state->senders.size());
     for (int r : state->senders) *address += str_cat(" ", r);
     return state;
   }
+  void release(void* state) const override { static_cast<IpcState*>(state)->control_file.close(); }
 
   void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,
                const std::vector<Endpoint>& all, Links& out, Deadline) const override {
@@ -106,7 +108,7 @@ class IpcTransport final : public Transport {
       PYRING_CHECK_ARG(li < setup.local_world, "local index ", li, " out of range for local world ",
                        setup.local_world);
       auto control =
-          ShmSegment::attach(a.control, setup.local_world, a.nslots, kIpcControlSlotBytes);
+          ShmSegment::attach(p->rank, a.control, setup.local_world, a.nslots, kIpcControlSlotBytes);
       // The peer's region is opened only where this rank has an inbox in it to write to.
       const size_t send_inbox = inbox_index(a.senders, setup.rank);
       uint8_t* region =

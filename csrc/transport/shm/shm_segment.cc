@@ -1,8 +1,6 @@
 #include "transport/shm/shm_segment.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <new>
@@ -28,8 +26,7 @@ size_t ShmSegment::size_for(uint32_t local_world, uint32_t nslots, uint64_t slot
   return round_up(sizeof(SegmentHeader), kPage) + local_world * stride_for(nslots, slot_bytes);
 }
 
-ShmSegment::ShmSegment(std::string name, void* base, size_t size)
-    : name_(std::move(name)), base_(base), size_(size) {}
+ShmSegment::ShmSegment(void* base, size_t size) : base_(base), size_(size) {}
 
 ShmSegment::~ShmSegment() {
   munmap(base_, size_);
@@ -50,29 +47,14 @@ uint8_t* ShmSegment::inbox_slot(uint32_t from, uint32_t slot) const {
          static_cast<size_t>(slot) * header()->slot_bytes;
 }
 
-std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t local_world,
+std::shared_ptr<ShmSegment> ShmSegment::create(SharedFile& file, uint32_t local_world,
                                                uint32_t nslots, uint64_t slot_bytes) {
   PYRING_CHECK_ARG(nslots >= 2 && nslots <= kMaxSlots, "shm slot count ", nslots,
                    " out of range [2, ", kMaxSlots, "]");
   PYRING_CHECK_ARG(slot_bytes >= 8 && slot_bytes % 8 == 0 && slot_bytes <= UINT32_MAX,
                    "shm slot size ", slot_bytes, " must be a positive multiple of 8 below 4 GiB");
-  size_t size = size_for(local_world, nslots, slot_bytes);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  PYRING_CHECK_ERRNO(fd >= 0, "shm_open(", name, ") failed");
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int err = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    PYRING_THROW(CommError, "ftruncate(", name, ", ", size, " bytes) failed: ", strerror(err),
-                 " (is /dev/shm large enough?)");
-  }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    PYRING_THROW(CommError, "mmap(", name, ", ", size, " bytes) failed: ", strerror(err));
-  }
+  const size_t size = size_for(local_world, nslots, slot_bytes);
+  void* base = file.map(size);
   auto* h = new (base) SegmentHeader;
   h->local_world = local_world;
   h->nslots = nslots;
@@ -82,33 +64,22 @@ std::shared_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   h->aborted.store(0);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
-  return std::shared_ptr<ShmSegment>(new ShmSegment(name, base, size));
+  return std::shared_ptr<ShmSegment>(new ShmSegment(base, size));
 }
 
-std::shared_ptr<ShmSegment> ShmSegment::attach(const std::string& name, uint32_t local_world,
-                                               uint32_t nslots, uint64_t slot_bytes) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  PYRING_CHECK_ERRNO(fd >= 0, "shm_open(", name, ") of a local peer failed");
-  size_t size = size_for(local_world, nslots, slot_bytes);
-  struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
-    close(fd);
-    PYRING_THROW(CommError, "shared-memory segment ", name, " has ", st.st_size,
-                 " bytes, expected ", size, " (peers disagree on segment_bytes or local world)");
-  }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
-  close(fd);
-  PYRING_CHECK(base != MAP_FAILED, CommError, "mmap(", name, ") failed: ", strerror(err));
-  auto seg = std::shared_ptr<ShmSegment>(new ShmSegment(name, base, size));
+std::shared_ptr<ShmSegment> ShmSegment::attach(int peer, const std::string& address,
+                                               uint32_t local_world, uint32_t nslots,
+                                               uint64_t slot_bytes) {
+  const std::string what = str_cat("rank ", peer, "'s shared-memory segment");
+  const size_t size = size_for(local_world, nslots, slot_bytes);
+  // A size other than this rank's geometry fails here: the peers disagree on segment_bytes
+  // or the local world (init checks both first).
+  void* base = map_shared_file(what, SharedFileId::parse(address), size);
+  auto seg = std::shared_ptr<ShmSegment>(new ShmSegment(base, size));
   auto* h = seg->header();
   PYRING_CHECK(h->magic == kMagic && h->nslots == nslots && h->slot_bytes == slot_bytes, CommError,
-               "shared-memory segment ", name, " has an unexpected layout");
+               what, " has an unexpected layout");
   return seg;
-}
-
-void ShmSegment::unlink(const std::string& name) {
-  shm_unlink(name.c_str());
 }
 
 }  // namespace pyring

@@ -1,9 +1,10 @@
-// One rank's POSIX shared-memory segment: a header, then one inbox per local rank.
+// One rank's shared-memory segment: a header, then one inbox per local rank.
 //
 // Inbox i of rank r's segment carries bytes from local rank i to rank r as a ring of slots;
-// the sender owns `head` and the slot contents, the receiver owns `tail`. The segment is
-// created 0600 by its rank, attached by its local peers, and unlinked as soon as they all have.
-// Both map it populated, so that no collective takes the page faults of a first write.
+// the sender owns `head` and the slot contents, the receiver owns `tail`. The segment lives in
+// an unnamed shared file of its rank (core/shared_file.h: nothing is left in /dev/shm however
+// the ranks end), attached by its local peers through the file's address while the rank holds
+// it. Both map it populated, so that no collective takes the page faults of a first write.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "core/shared_file.h"
 
 namespace pyring {
 
@@ -42,20 +45,20 @@ struct InboxControl {
 
 class ShmSegment {
  public:
-  // Creates (O_EXCL, mode 0600) and maps a segment; throws CommError if the name exists.
-  static std::shared_ptr<ShmSegment> create(const std::string& name, uint32_t local_world,
-                                            uint32_t nslots, uint64_t slot_bytes);
-  // Maps an existing segment and checks its geometry.
-  static std::shared_ptr<ShmSegment> attach(const std::string& name, uint32_t local_world,
-                                            uint32_t nslots, uint64_t slot_bytes);
-  // Removes the name; mappings stay valid. A missing name is not an error.
-  static void unlink(const std::string& name);
+  // Sizes `file` for the geometry, maps it and lays out the header; local peers attach by
+  // file.id() while the file is open. Throws InvalidArgument for a bad geometry, CommError
+  // where the memory cannot be had.
+  static std::shared_ptr<ShmSegment> create(SharedFile& file, uint32_t local_world, uint32_t nslots,
+                                            uint64_t slot_bytes);
+  // Maps local rank `peer`'s segment at `address` (SharedFileId::str) and checks its geometry.
+  static std::shared_ptr<ShmSegment> attach(int peer, const std::string& address,
+                                            uint32_t local_world, uint32_t nslots,
+                                            uint64_t slot_bytes);
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  const std::string& name() const { return name_; }
   SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
   InboxControl* inbox_control(uint32_t from) const;
   uint8_t* inbox_slot(uint32_t from, uint32_t slot) const;
@@ -63,10 +66,9 @@ class ShmSegment {
   static size_t size_for(uint32_t local_world, uint32_t nslots, uint64_t slot_bytes);
 
  private:
-  ShmSegment(std::string name, void* base, size_t size);
+  ShmSegment(void* base, size_t size);
   size_t inbox_stride() const;
 
-  std::string name_;
   void* base_;
   size_t size_;
 };

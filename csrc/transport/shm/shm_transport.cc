@@ -1,8 +1,8 @@
 // The shm entry of the transport registry: ranks of one host that both published a segment.
-// Address: the name of the rank's segment for the channel, unique per job, rank and channel,
-// so that hosts sharing /dev/shm never collide. The segment is made once the rendezvous shows
-// a local peer going over shm (its geometry needs the host's rank count), attached by those
-// peers, and its name unlinked at release.
+// Address: the rank's unnamed shared file for the channel (SharedFileId::str), made at
+// prepare. The segment is laid out in it once the rendezvous shows a local peer going over shm
+// (its geometry needs the host's rank count) and attached by those peers; release closes the
+// descriptor they open it through.
 #include <string>
 
 #include "core/errors.h"
@@ -27,10 +27,10 @@ uint32_t local_index_of(const std::vector<Endpoint>& all, int rank) {
 constexpr uint32_t kShmSlots = 8;
 
 struct ShmState {
-  std::string name;
+  explicit ShmState(std::string label) : file(std::move(label)) {}
+  SharedFile file;
   uint64_t slot_bytes = 0;
   std::shared_ptr<ShmSegment> segment;  // made by ready()
-  std::vector<std::string> peers;       // the local peers' names, removed at release too
 };
 
 class ShmTransport final : public Transport {
@@ -45,30 +45,19 @@ class ShmTransport final : public Transport {
   bool single_copy() const override { return true; }
 
   std::shared_ptr<void> prepare(const HostSetup& setup, std::string* address) const override {
-    auto st = std::make_shared<ShmState>();
-    st->name = "/pyring-" + setup.job + "-" + std::to_string(setup.rank) +
-               (setup.channel.empty() ? "" : "-" + setup.channel);
+    auto st = std::make_shared<ShmState>(shared_file_label(setup.job, setup.rank, setup.channel));
     st->slot_bytes = setup.segment_bytes;
-    *address = st->name;
+    *address = st->file.id().str();
     return st;
   }
-  bool ready(void* state, const std::vector<Endpoint>& all, int rank, uint32_t local_world,
+  bool ready(void* state, const std::vector<Endpoint>&, int, uint32_t local_world,
              bool used) const override {
     auto* st = static_cast<ShmState*>(state);
     if (!used || st->segment) return false;
-    const Endpoint& self = all[static_cast<size_t>(rank)];
-    for (const Endpoint& p : all) {
-      if (p.rank != rank && can_connect(self, p)) st->peers.push_back(p.address(name()));
-    }
-    st->segment = ShmSegment::create(st->name, local_world, kShmSlots, st->slot_bytes);
+    st->segment = ShmSegment::create(st->file, local_world, kShmSlots, st->slot_bytes);
     return true;
   }
-  void release(void* state) const override {
-    auto* st = static_cast<ShmState*>(state);
-    if (!st->segment) return;
-    ShmSegment::unlink(st->name);
-    for (const std::string& peer : st->peers) ShmSegment::unlink(peer);
-  }
+  void release(void* state) const override { static_cast<ShmState*>(state)->file.close(); }
 
   void connect(const LinkSetup& setup, const std::vector<const Endpoint*>& peers,
                const std::vector<Endpoint>& all, Links& out, Deadline) const override {
@@ -84,7 +73,8 @@ class ShmTransport final : public Transport {
       const uint32_t li = local_index_of(all, p->rank);
       PYRING_CHECK_ARG(li < setup.local_world, "local index ", li, " out of range for local world ",
                        setup.local_world);
-      auto seg = ShmSegment::attach(p->address("shm"), setup.local_world, h->nslots, h->slot_bytes);
+      auto seg = ShmSegment::attach(p->rank, p->address("shm"), setup.local_world, h->nslots,
+                                    h->slot_bytes);
       out.segments.push_back(seg);
       out.by_rank[static_cast<size_t>(p->rank)] =
           std::make_unique<ShmLink>(p->rank, setup.local_index, li, own, seg, setup.shm_copy);
