@@ -190,9 +190,68 @@ def test_killed_peer_every_survivor_raises(transport):
         kind, msg, elapsed, again = res[rank]
         assert kind in ("CommError", "CommTimeout"), (rank, kind, msg)
         assert f"on rank {rank}/3" in msg and "all_reduce" in msg and "bytes" in msg, msg
-        assert "rank 1" in msg or "rank 0" in msg or "rank 2" in msg, msg
+        # The original cause, relayed by the rank that saw it first: breaking the link to
+        # the dead rank must not cut that rank's other point-to-point links.
+        assert "rank 1 (pid" in msg or "rank 1 at" in msg, msg
         assert elapsed < 30, f"rank {rank} took {elapsed:.1f} s to notice"
         assert "unusable after an earlier failure" in again, again
+
+
+def _sends_then_closes(rank, world, store, transport):
+    import pyring
+
+    comm = pyring.init(rank, world, store, transport=transport, set_default=False)
+    x = torch.arange(1000, dtype=torch.float32) if rank == 1 else torch.zeros(1000)
+    comm.all_reduce(torch.zeros(10))  # everyone is connected
+    if rank == 1:
+        comm.send(x * 2, 0, 5)
+        comm.broadcast(x, src=1)  # complete once its bytes are in rank 0's inbox
+        comm.close()  # the peer learns it at once, but what was sent stays receivable
+        time.sleep(3.0)
+        return None
+    # Rank 1 has closed by the time these look, and the peer checks ran while they slept.
+    time.sleep(1.0)
+    got = torch.zeros(1000)
+    comm.recv(got, 1, 5)
+    comm.broadcast(x, src=1)
+    return bool((got == torch.arange(1000) * 2).all()), bool((x == torch.arange(1000)).all())
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_what_a_peer_sent_before_it_closed_arrives(transport):
+    res = run_ranks(2, _sends_then_closes, transport, timeout=120)
+    assert res[0] == (True, True), res[0]
+
+
+def _closed_peer(rank, world, store, transport, symmetric):
+    import pyring
+
+    comm = pyring.init(rank, world, store, transport=transport, set_default=False, timeout=30)
+    x = comm.empty(1 << 16) if symmetric else torch.ones(1 << 16)
+    comm.all_reduce(x)  # everyone is connected and warm
+    if rank == 1:
+        comm.close()
+        time.sleep(8.0)  # alive, and never calls again
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_reduce(x)
+        return ("no error", "", 0.0)
+    except pyring.CommError as e:
+        return (type(e).__name__, str(e), time.monotonic() - start)
+
+
+@pytest.mark.parametrize("transport,symmetric", [("shm", False), ("shm", True), ("tcp", False)])
+def test_a_peer_that_closed_fails_the_next_collective_at_once(transport, symmetric):
+    """Not at the deadline (30 s): a closed rank tells its peers, and one waiting for bytes
+    it will never send raises; the third rank learns the cause from the second."""
+    res = run_ranks(3, _closed_peer, transport, symmetric, timeout=120)
+    assert res[1] is None
+    for rank in (0, 2):
+        kind, msg, elapsed = res[rank]
+        assert kind == "CommError", (rank, kind, msg)
+        assert "rank 1 closed its communicator" in msg or "closed by the peer" in msg, msg
+        assert elapsed < 5, f"rank {rank} took {elapsed:.1f} s to notice"
 
 
 def _rank_1_blocks(rank, world, store):

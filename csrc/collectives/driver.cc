@@ -93,7 +93,11 @@ void drive(std::vector<Link*> links, Deadline deadline, int spin_us,
     if (idle_since - last_check >= std::chrono::milliseconds(kMaxSleepMs)) {
       last_check = idle_since;
       try {
-        for (size_t i = 0; i < all; ++i) links[i]->check_peer();
+        // Only the links still waiting: a peer that finished its part and ended (or closed)
+        // holds up nothing on a link with nothing queued.
+        for (size_t i = 0; i < all; ++i) {
+          if (!links[i]->idle()) links[i]->check_peer();
+        }
       } catch (const std::exception&) {
         // A peer that ended right after its last send left those bytes in this rank's inbox:
         // the collective fails only once nothing more moves.

@@ -56,6 +56,16 @@ Communicator::~Communicator() {
 
 void Communicator::close() {
   engine_.stop("communicator closed");
+  // No collective of this rank runs any more, and none will.
+  if (!closed_announced_.exchange(true)) {
+    if (symmetric_) symmetric_->announce_closed();
+    for (auto& l : links_) {
+      if (l) l->announce_closed();
+    }
+    for (auto& l : device_links_) {
+      if (l) l->announce_closed();
+    }
+  }
   p2p_->close("communicator closed");
 }
 

@@ -217,6 +217,7 @@ class Communicator {
   std::atomic<uint64_t> single_copy_read_{0};
   std::vector<uint8_t> single_copy_failed_;  // by peer; written only by the running collective
   std::string broken_;  // why the communicator is unusable; written only by the running collective
+  std::atomic<bool> closed_announced_{false};  // close() told the peers (Link::announce_closed)
   CallCounters calls_;
   FlightRecorder recorder_;
   bool dumped_ = false;  // the recorder was printed after a failure; written by the running one

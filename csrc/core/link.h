@@ -70,8 +70,15 @@ class Link {
   // The TCP connections this link uses (0: none, as for shm).
   virtual size_t connections() const { return 0; }
 
-  // Throws CommError when the peer is known to have died or given up.
+  // Throws CommError when the peer is known to have died, given up or closed its
+  // communicator. A driver asks only while this link waits (not idle), and fails only once
+  // nothing more moves: a peer that ended right after its last send left those bytes here.
   virtual void check_peer() {}
+  // This rank will not use the link again (its communicator closed after its last
+  // collective finished): the peer learns it, so that a peer still waiting on this rank for
+  // bytes that will never come fails at once rather than at its deadline. Bytes already sent
+  // stay receivable. Idempotent.
+  virtual void announce_closed() {}
   // Tells the peer that this rank gave up; later calls on this link fail. The peer's link
   // throws PeerLost, and the cause travels on the p2p links (P2pEngine::announce_abort).
   virtual void abort() {}

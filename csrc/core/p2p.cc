@@ -396,6 +396,9 @@ void P2pEngine::close(const std::string& why) {
   for (const auto& op : recvs_) fail(op);
   recvs_.clear();
   held_.clear();
+  for (auto& p : peers_) {
+    if (p.link) p.link->announce_closed();
+  }
   runner_->stop();
 }
 

@@ -66,9 +66,9 @@ void ProgressEngine::run_sync(const CollectiveDesc& desc, const std::function<vo
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.busy = false;
-    wake = s.sleeping && !s.queue.empty();
+    wake = (s.sleeping && !s.queue.empty()) || s.stopping;
   }
-  if (wake) s.cv.notify_one();
+  if (wake) s.cv.notify_all();  // the thread, or a stop() waiting for this run
   if (err) std::rethrow_exception(err);
 }
 
@@ -135,6 +135,10 @@ void ProgressEngine::stop(const std::string& why) {
     } else {
       thread_.join();
     }
+  }
+  if (!on_progress_thread()) {  // a collective running inline on another thread finishes
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&] { return !s.busy; });
   }
   runner_->stop();
 }

@@ -36,8 +36,9 @@ class ProgressEngine {
   void run_sync(const CollectiveDesc& desc, const std::function<void()>& fn);
 
   // Completes queued work with `error` (a CommError naming why), joins the thread (detaches it
-  // when called on it), then runs the callbacks still queued. Idempotent; the work already
-  // running finishes first.
+  // when called on it), waits for a collective running inline on another thread (run_sync),
+  // then runs the callbacks still queued. Idempotent; the work already running finishes first,
+  // and none runs after it returns (unless called on the progress thread).
   void stop(const std::string& why);
 
  private:

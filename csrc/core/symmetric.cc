@@ -312,6 +312,14 @@ void SymmetricHeap::abort() {
           0);
 }
 
+void SymmetricHeap::announce_closed() {
+  if (controls_.empty()) return;
+  SymmetricControl& c = control(static_cast<size_t>(my_));
+  c.closed.store(1, std::memory_order_seq_cst);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
 void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadline,
                          const char* what, uint64_t seq) {
   SymmetricControl& c = control(li);
@@ -341,6 +349,12 @@ void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadl
       throw PeerLost(
           peer, str_cat("rank ", peer, " gave up while this rank waited for it in ", what), true);
     }
+    // Its phases were all raised before it closed: one not reached now never will be.
+    if (c.closed.load(std::memory_order_acquire) != 0 &&
+        !reached(c.phase.load(std::memory_order_acquire))) {
+      PYRING_THROW(CommError, "rank ", peer,
+                   " closed its communicator while this rank waited for it in ", what);
+    }
     if (process_gone(c.pid)) {
       throw PeerLost(peer, str_cat("rank ", peer, " (pid ", c.pid,
                                    ") died while this rank waited for it in ", what));
@@ -355,7 +369,8 @@ void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadl
                  c.phase.load(std::memory_order_relaxed), ")");
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t v = c.phase.load(std::memory_order_seq_cst);
-    if (!reached(v) && c.aborted.load(std::memory_order_seq_cst) == 0) {
+    if (!reached(v) && c.aborted.load(std::memory_order_seq_cst) == 0 &&
+        c.closed.load(std::memory_order_seq_cst) == 0) {
       struct timespec ts{0, 1000000};  // 1 ms: then the peer's liveness and the deadline
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAIT, v, &ts, nullptr, 0);
     }

@@ -88,6 +88,8 @@ struct SymmetricControl {
   SymmetricCall call[2];
   alignas(64) std::atomic<uint32_t> aborted;  // non-zero once its rank gave up
   int32_t pid;
+  // Non-zero once its rank closed its communicator, after its last phase was raised.
+  std::atomic<uint32_t> closed;
 };
 
 // The most ranks one host's symmetric memory spans.
@@ -159,6 +161,9 @@ class SymmetricHeap {
   void enter(uint64_t seq, bool zero_copy);
   // This rank gave up: peers waiting on it fail at once.
   void abort();
+  // This rank's communicator closed (Link::announce_closed): a peer waiting for a phase it
+  // never raised fails at once.
+  void announce_closed();
   // Bytes this rank moved zero-copy (read from a peer's mapping or written for the call), ever.
   uint64_t zero_copy_bytes() const { return moved_.load(std::memory_order_relaxed); }
   void add_zero_copy_bytes(uint64_t b) { moved_.fetch_add(b, std::memory_order_relaxed); }

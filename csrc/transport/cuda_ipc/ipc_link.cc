@@ -247,6 +247,10 @@ void IpcLink::check_peer() {
   check_segment_owner(peer_, theirs_control_->header());
 }
 
+void IpcLink::announce_closed() {
+  announce_segment_closed(mine_->control->header(), theirs_control_->header());
+}
+
 void IpcLink::abort_transport() {
   mine_->control->header()->aborted.store(1, std::memory_order_seq_cst);
 }

@@ -100,6 +100,7 @@ class IpcLink final : public QueuedLink {
   void post_send(const uint8_t* data, size_t bytes) override;
   void post_recv(RecvSpec spec) override;
   void check_peer() override;
+  void announce_closed() override;
 
  private:
   struct Copy {  // a slot whose copy is queued, published once copied_ reaches `value`

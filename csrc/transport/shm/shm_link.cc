@@ -137,22 +137,37 @@ bool ShmLink::progress_recv() {
 }
 
 void ShmLink::before_progress() {
-  if (theirs_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
+  if (in_->sender_aborted.load(std::memory_order_relaxed) != 0) check_peer();
 }
 
 void check_segment_owner(int peer, const SegmentHeader* h) {
   if (h->aborted.load(std::memory_order_acquire) != 0) {
     throw PeerLost(peer, str_cat("rank ", peer, " gave up on the communicator"), true);
   }
+  PYRING_CHECK(h->closed.load(std::memory_order_acquire) == 0, CommError, "rank ", peer,
+               " closed its communicator");
   PYRING_CHECK(process_alive(h->pid), CommError, "rank ", peer, " (pid ", h->pid, ") died");
 }
 
+void announce_segment_closed(SegmentHeader* mine, SegmentHeader* theirs) {
+  mine->closed.store(1, std::memory_order_seq_cst);
+  theirs->sleeping.store(0, std::memory_order_seq_cst);
+  futex_wake_all(&theirs->sleeping);
+}
+
 void ShmLink::check_peer() {
+  if (in_->sender_aborted.load(std::memory_order_acquire) != 0) {
+    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
+  }
   check_segment_owner(peer_, theirs_->header());
 }
 
+void ShmLink::announce_closed() {
+  announce_segment_closed(mine_->header(), theirs_->header());
+}
+
 void ShmLink::abort_transport() {
-  mine_->header()->aborted.store(1, std::memory_order_seq_cst);
+  out_->sender_aborted.store(1, std::memory_order_seq_cst);
   theirs_->header()->sleeping.store(0, std::memory_order_seq_cst);
   futex_wake_all(&theirs_->header()->sleeping);
 }

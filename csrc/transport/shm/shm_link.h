@@ -28,6 +28,7 @@ class ShmLink final : public QueuedLink {
   const char* kind() const override { return "shm"; }
   std::atomic<uint32_t>* sleep_word() override { return &mine_->header()->sleeping; }
   void check_peer() override;
+  void announce_closed() override;
 
  private:
   // Lap k / nslots of slot sequence number k starts its data (k / nslots % kLaps) steps of
@@ -67,7 +68,10 @@ class ShmLink final : public QueuedLink {
 bool process_alive(int pid);
 
 // Throws PeerLost when rank `peer`, owner of the segment with header `h`, gave up, and
-// CommError when its process died.
+// CommError when it closed its communicator or its process died.
 void check_segment_owner(int peer, const SegmentHeader* h);
+// Marks this rank's segment `mine` closed (Link::announce_closed) and wakes the owner of
+// `theirs` if it sleeps.
+void announce_segment_closed(SegmentHeader* mine, SegmentHeader* theirs);
 
 }  // namespace pyring

@@ -10,7 +10,7 @@
 namespace pyring {
 
 namespace {
-constexpr uint64_t kMagic = 0x7079726e67736d32ULL;  // "pyrngsm2"
+constexpr uint64_t kMagic = 0x7079726e67736d33ULL;  // "pyrngsm3"
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) {
@@ -62,6 +62,7 @@ std::shared_ptr<ShmSegment> ShmSegment::create(SharedFile& file, uint32_t local_
   h->pid = getpid();
   h->sleeping.store(0);
   h->aborted.store(0);
+  h->closed.store(0);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
   return std::shared_ptr<ShmSegment>(new ShmSegment(base, size));

@@ -27,8 +27,11 @@ struct SegmentHeader {
   int32_t pid;
   // 1 while this rank's collective thread sleeps on it (futex word); peers reset it and wake.
   alignas(64) std::atomic<uint32_t> sleeping;
-  // Non-zero once this rank gave up on the communicator.
+  // Non-zero once this rank gave up on the communicator (cuda_ipc's control segments; shm
+  // links mark each inbox instead, InboxControl::sender_aborted).
   alignas(64) std::atomic<uint32_t> aborted;
+  // Non-zero once this rank closed its communicator, after everything it sent was published.
+  std::atomic<uint32_t> closed;
 };
 
 // The lengths of the first 14 slots share head's cache line, so a receiver that sees a new
@@ -37,6 +40,9 @@ struct InboxControl {
   alignas(64) std::atomic<uint64_t> head;  // slots published by the sender
   uint32_t lens[kMaxSlots];                // bytes used in each slot, written before head
   alignas(64) std::atomic<uint64_t> tail;  // slots released by the receiver
+  // Non-zero once the sender gave up on this link (ShmLink::abort): its other links stay up,
+  // so that a rank whose link to one dead peer broke still reaches the others.
+  std::atomic<uint32_t> sender_aborted;
   // cuda_ipc: the pid of the sender's process while it maps the receiver's device region
   // through this inbox (0: not mapped); the receiver frees the region only once it is 0, or
   // that process is dead (IpcState).

@@ -158,6 +158,10 @@ bool TcpLink::spin_worthwhile(int spin_us) {
   return false;
 }
 
+void TcpLink::announce_closed() {
+  shutdown(fd_, SHUT_WR);  // the peer reads what was sent, then the end of the stream
+}
+
 void TcpLink::abort_transport() {
   shutdown(fd_, SHUT_RDWR);
 }

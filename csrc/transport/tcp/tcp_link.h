@@ -44,6 +44,7 @@ class TcpLink final : public QueuedLink {
   bool wants_write() const override { return !sends_.empty(); }
   size_t connections() const override { return 1; }
   void check_peer() override {}
+  void announce_closed() override;
   // True while the front receive's next piece is expected within spin_us and kSpinForUs,
   // judged by how recent bytes arrived (reads needed times the time between reads), or when
   // nothing is being received.

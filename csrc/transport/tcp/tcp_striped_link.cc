@@ -220,6 +220,10 @@ std::string TcpStripedLink::pending() const {
                  " bytes left to receive");
 }
 
+void TcpStripedLink::announce_closed() {
+  for (auto& s : streams_) shutdown(s.fd, SHUT_WR);
+}
+
 void TcpStripedLink::abort() {
   aborted_ = true;
   for (auto& s : streams_) shutdown(s.fd, SHUT_RDWR);

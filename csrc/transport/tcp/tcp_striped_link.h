@@ -46,6 +46,7 @@ class TcpStripedLink : public Link {
   bool wants_write() const override { return sending(); }
   size_t connections() const override { return streams_.size(); }
   void abort() override;
+  void announce_closed() override;
 
  private:
   struct Recv;
