@@ -158,7 +158,7 @@ def _killed_peer(rank, world, store, transport):
     return first + (again,)
 
 
-def _sends_then_exits(rank, world, store, transport):
+def _sends_then_ends(rank, world, store, transport, ending):
     import pyring
 
     comm = pyring.init(rank, world, store, transport=transport, set_default=False)
@@ -167,8 +167,12 @@ def _sends_then_exits(rank, world, store, transport):
     if rank == 1:
         comm.send(x * 2, 0, 5)
         comm.broadcast(x, src=1)  # complete once its bytes are in rank 0's inbox
-        os._exit(0)  # at once: no close, and the process is gone
-    # Rank 1 is dead by the time these look, and the peer checks ran while they slept.
+        if ending == "exit":
+            os._exit(0)  # at once: no close, and the process is gone
+        comm.close()  # the peer learns it at once, but what was sent stays receivable
+        time.sleep(3.0)
+        return None
+    # Rank 1 has ended by the time these look, and the peer checks ran while they slept.
     time.sleep(1.0)
     got = torch.zeros(1000)
     comm.recv(got, 1, 5)
@@ -176,9 +180,10 @@ def _sends_then_exits(rank, world, store, transport):
     return bool((got == torch.arange(1000) * 2).all()), bool((x == torch.arange(1000)).all())
 
 
+@pytest.mark.parametrize("ending", ["exit", "close"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_what_a_peer_sent_before_it_exited_arrives(transport):
-    res = run_ranks(2, _sends_then_exits, transport, timeout=120, allow_failures=True)
+def test_what_a_peer_sent_before_it_ended_arrives(transport, ending):
+    res = run_ranks(2, _sends_then_ends, transport, ending, timeout=120, allow_failures=True)
     assert res[0] == (True, True), res[0]
 
 
@@ -195,32 +200,6 @@ def test_killed_peer_every_survivor_raises(transport):
         assert "rank 1 (pid" in msg or "rank 1 at" in msg, msg
         assert elapsed < 30, f"rank {rank} took {elapsed:.1f} s to notice"
         assert "unusable after an earlier failure" in again, again
-
-
-def _sends_then_closes(rank, world, store, transport):
-    import pyring
-
-    comm = pyring.init(rank, world, store, transport=transport, set_default=False)
-    x = torch.arange(1000, dtype=torch.float32) if rank == 1 else torch.zeros(1000)
-    comm.all_reduce(torch.zeros(10))  # everyone is connected
-    if rank == 1:
-        comm.send(x * 2, 0, 5)
-        comm.broadcast(x, src=1)  # complete once its bytes are in rank 0's inbox
-        comm.close()  # the peer learns it at once, but what was sent stays receivable
-        time.sleep(3.0)
-        return None
-    # Rank 1 has closed by the time these look, and the peer checks ran while they slept.
-    time.sleep(1.0)
-    got = torch.zeros(1000)
-    comm.recv(got, 1, 5)
-    comm.broadcast(x, src=1)
-    return bool((got == torch.arange(1000) * 2).all()), bool((x == torch.arange(1000)).all())
-
-
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_what_a_peer_sent_before_it_closed_arrives(transport):
-    res = run_ranks(2, _sends_then_closes, transport, timeout=120)
-    assert res[0] == (True, True), res[0]
 
 
 def _closed_peer(rank, world, store, transport, symmetric):

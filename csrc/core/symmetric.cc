@@ -303,21 +303,21 @@ void SymmetricHeap::enter(uint64_t seq, bool zero_copy) {
       .entered.store(2 * seq + (zero_copy ? 1 : 0), std::memory_order_release);
 }
 
-void SymmetricHeap::abort() {
+void SymmetricHeap::raise_flag(std::atomic<uint32_t> SymmetricControl::* flag) {
   if (controls_.empty()) return;
   SymmetricControl& c = control(static_cast<size_t>(my_));
-  c.aborted.store(1, std::memory_order_seq_cst);
+  (c.*flag).store(1, std::memory_order_seq_cst);
   // Peers asleep on this rank's phase wake and see it.
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
           0);
 }
 
+void SymmetricHeap::abort() {
+  raise_flag(&SymmetricControl::aborted);
+}
+
 void SymmetricHeap::announce_closed() {
-  if (controls_.empty()) return;
-  SymmetricControl& c = control(static_cast<size_t>(my_));
-  c.closed.store(1, std::memory_order_seq_cst);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
-          0);
+  raise_flag(&SymmetricControl::closed);
 }
 
 void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadline,

@@ -202,6 +202,8 @@ class SymmetricHeap {
   uint64_t calls_entered() const { return entered_; }
 
  private:
+  // Sets `flag` in this rank's control page and wakes the peers asleep on its phase.
+  void raise_flag(std::atomic<uint32_t> SymmetricControl::* flag);
   // The label of this rank's segment (seen in /proc/PID/maps as /memfd:LABEL).
   std::string label_of(const char* kind, uint64_t n) const;
 
