@@ -227,7 +227,7 @@ bool IpcLink::progress_recv() {
 }
 
 void IpcLink::before_progress() {
-  if (theirs_control_->header()->aborted.load(std::memory_order_relaxed) != 0) check_peer();
+  if (in_->sender_aborted.load(std::memory_order_relaxed) != 0) check_peer();
 }
 
 void IpcLink::after_idle_progress() {
@@ -244,7 +244,7 @@ void IpcLink::check_device() {
 }
 
 void IpcLink::check_peer() {
-  check_segment_owner(peer_, theirs_control_->header());
+  check_link_peer(peer_, in_, theirs_control_->header());
 }
 
 void IpcLink::announce_closed() {
@@ -252,7 +252,7 @@ void IpcLink::announce_closed() {
 }
 
 void IpcLink::abort_transport() {
-  mine_->control->header()->aborted.store(1, std::memory_order_seq_cst);
+  out_->sender_aborted.store(1, std::memory_order_seq_cst);
 }
 
 }  // namespace pyring

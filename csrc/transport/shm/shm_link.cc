@@ -140,8 +140,8 @@ void ShmLink::before_progress() {
   if (in_->sender_aborted.load(std::memory_order_relaxed) != 0) check_peer();
 }
 
-void check_segment_owner(int peer, const SegmentHeader* h) {
-  if (h->aborted.load(std::memory_order_acquire) != 0) {
+void check_link_peer(int peer, const InboxControl* in, const SegmentHeader* h) {
+  if (in->sender_aborted.load(std::memory_order_acquire) != 0) {
     throw PeerLost(peer, str_cat("rank ", peer, " gave up on the communicator"), true);
   }
   PYRING_CHECK(h->closed.load(std::memory_order_acquire) == 0, CommError, "rank ", peer,
@@ -156,10 +156,7 @@ void announce_segment_closed(SegmentHeader* mine, SegmentHeader* theirs) {
 }
 
 void ShmLink::check_peer() {
-  if (in_->sender_aborted.load(std::memory_order_acquire) != 0) {
-    throw PeerLost(peer_, str_cat("rank ", peer_, " gave up on the communicator"), true);
-  }
-  check_segment_owner(peer_, theirs_->header());
+  check_link_peer(peer_, in_, theirs_->header());
 }
 
 void ShmLink::announce_closed() {

@@ -67,9 +67,9 @@ class ShmLink final : public QueuedLink {
 // True while process `pid` runs (not a zombie). Same pid namespace assumed.
 bool process_alive(int pid);
 
-// Throws PeerLost when rank `peer`, owner of the segment with header `h`, gave up, and
-// CommError when it closed its communicator or its process died.
-void check_segment_owner(int peer, const SegmentHeader* h);
+// Throws PeerLost when rank `peer` gave up on the link whose inbox here is `in`, and CommError
+// when it (owner of the segment with header `h`) closed its communicator or its process died.
+void check_link_peer(int peer, const InboxControl* in, const SegmentHeader* h);
 // Marks this rank's segment `mine` closed (Link::announce_closed) and wakes the owner of
 // `theirs` if it sleeps.
 void announce_segment_closed(SegmentHeader* mine, SegmentHeader* theirs);

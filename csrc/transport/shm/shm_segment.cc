@@ -61,7 +61,6 @@ std::shared_ptr<ShmSegment> ShmSegment::create(SharedFile& file, uint32_t local_
   h->slot_bytes = slot_bytes;
   h->pid = getpid();
   h->sleeping.store(0);
-  h->aborted.store(0);
   h->closed.store(0);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;

@@ -27,11 +27,8 @@ struct SegmentHeader {
   int32_t pid;
   // 1 while this rank's collective thread sleeps on it (futex word); peers reset it and wake.
   alignas(64) std::atomic<uint32_t> sleeping;
-  // Non-zero once this rank gave up on the communicator (cuda_ipc's control segments; shm
-  // links mark each inbox instead, InboxControl::sender_aborted).
-  alignas(64) std::atomic<uint32_t> aborted;
   // Non-zero once this rank closed its communicator, after everything it sent was published.
-  std::atomic<uint32_t> closed;
+  alignas(64) std::atomic<uint32_t> closed;
 };
 
 // The lengths of the first 14 slots share head's cache line, so a receiver that sees a new
