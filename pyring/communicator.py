@@ -314,7 +314,9 @@ class Communicator(PointToPoint):
         symmetric tensors (``calls``, of which ``one_shot``) and the ``bytes`` this rank read
         from its peers' mappings for them, which bytes_received leaves out; ``slot_schedule``
         counts the calls on symmetric tensors that ran over the links instead (the calls of
-        8 KiB and more time both ways and take the cheaper; docs/symmetric.md);
+        8 KiB and more time both ways and take the cheaper; docs/symmetric.md), and
+        ``streamed`` the zero-copy all_reduces that wrote their outputs with non-temporal stores
+        (those of 16 MiB and more time both kinds of store);
         ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a
         level)."""
         links, calls = self._c.raw_stats()
@@ -348,6 +350,7 @@ class Communicator(PointToPoint):
             "zero_copy": {"calls": sym["zero_copy_calls"] - zc0.get("zero_copy_calls", 0),
                           "one_shot": sym["one_shot_calls"] - zc0.get("one_shot_calls", 0),
                           "slot_schedule": sym["slot_calls"] - zc0.get("slot_calls", 0),
+                          "streamed": sym["streamed_calls"] - zc0.get("streamed_calls", 0),
                           "bytes": sym["zero_copy_bytes"] - zc0.get("zero_copy_bytes", 0)},
             "symmetric_memory": {"allocations": sym["symmetric_allocations"],
                                  "bytes": sym["symmetric_bytes"]},

@@ -255,6 +255,36 @@ def test_a_thousand_allocations_leave_nothing_behind():
     assert _segments() <= before
 
 
+def large_body(rank, world, store, count, calls):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False)
+    comm.reset_stats()
+    base = torch.arange(count, dtype=torch.float32) % 1021
+    want = base * sum(r + 1 for r in range(world))
+    x = comm.empty(count)
+    bad: list[str] = []
+    for k in range(calls):
+        x.copy_(base * (rank + 1))
+        comm.all_reduce(x)
+        _check(bad, f"call {k}", x, want)
+    zc = comm.stats()["zero_copy"]
+    comm.close()
+    return bad, zc
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_large_all_reduces_time_both_kinds_of_store_and_are_exact(world):
+    # 16 MiB and an odd tail: the two-shot all_reduce times cached against non-temporal stores
+    # for its outputs, and the first calls alternate (as they alternate with the slots), so
+    # both kinds wrote results here.
+    for rank, (bad, zc) in enumerate(run_ranks(world, large_body, (4 << 20) + 5, 24,
+                                               timeout=300)):
+        assert not bad, f"rank {rank}: " + "; ".join(bad[:5])
+        assert zc["calls"] + zc["slot_schedule"] == 24, zc
+        assert 0 < zc["streamed"] < zc["calls"], zc
+
+
 def lifetime_body(rank, world, store):
     import gc
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <functional>
 
 #include "collectives/collectives.h"
@@ -22,17 +23,23 @@ using zero_copy::kBroadcast;
 using zero_copy::kReduceScatter;
 using zero_copy::Sources;
 
-// Elements reduced per pass over the sources: small enough that the accumulator stays in cache
-// between the sources.
-constexpr size_t kTileBytes = 32 << 10;
+// Elements reduced per pass over the sources: small enough that each line read is written
+// (into the tile, then the outputs) while it is still in the first-level cache. On the 2-core
+// machine, 2 ranks, two-shot (bench/allreduce.py, 3 runs side by side): 16 MiB 675-764 us with
+// 1 KiB against 1201-1429 us with 32 KiB; 64 MiB 7.5-8.2 against 8.3-10.7 ms.
+constexpr size_t kTileBytes = 1 << 10;
 
 const KernelSite kHost{};
 
-// Outputs of a reduction from this size up are written with non-temporal stores, through a
-// tile in cache: a cached store first reads each output line it writes (a third more memory
-// traffic for 2 ranks). On the 2-core machine, 2 ranks, 64 MiB (bench/allreduce.py): 0.83-0.90
-// of memcpy's speed in 4 runs, against 0.62-0.92 in 10 without. From 1 MiB it slowed 16 MiB
-// (1495-1982 us against 944-1041), whose output the peer's copy finds in cache.
+// Outputs of a reduction from this size up may be written with non-temporal stores, through
+// the tile: they write whole lines without reading them first, and leave no line in this
+// core's cache for the peer to take back. Which is faster changes with where the host put the
+// vCPUs: with the 1 KiB tile, 2 ranks, 64 MiB, cached stores took 5.2-6.6 ms and non-temporal
+// 7.2-8.8 ms with the cores near (bench/allreduce.py, 3 runs), and non-temporal ones were the
+// faster with them far (0.83-0.90 of memcpy's speed against 0.62-0.92, with a 32 KiB tile). So
+// the two-shot all_reduce times both (SymmetricHeap's store choice); a private output, which
+// no peer reads, is always streamed from here. Below it, the peer's copy finds the output in
+// cache.
 constexpr size_t kStreamOutFrom = 16 << 20;
 
 // Where a reduction writes: one output, or the same bytes into several (each rank's tensor).
@@ -44,9 +51,10 @@ struct Outs {
 
 // outs[j][0, n) = op over srcs[k][0, n), k in the order given, tile by tile; an output may be
 // a source (element for element: each tile is read whole before it is written). `acc` holds
-// 2 * kTileBytes: the accumulation type's tile and the output's.
+// 2 * kTileBytes: the accumulation type's tile and the output's. `streamed`: the outputs are
+// written with non-temporal stores, fenced before the function returns.
 void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& outs, size_t n,
-                    int world, uint8_t* acc) {
+                    int world, uint8_t* acc, bool streamed) {
   const size_t es = dtype_size(dtype);
   const size_t ws = dtype_size(accum_dtype(dtype));
   const size_t k = srcs.size();
@@ -57,7 +65,6 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& o
   }
   const bool same = accum_dtype(dtype) == dtype;
   const size_t tile = kTileBytes / ws;
-  const bool streamed = n * es >= kStreamOutFrom;
   uint8_t* stage = streamed || outs.n > 1 ? acc + kTileBytes : nullptr;
   for (size_t at = 0; at < n; at += tile) {
     const size_t m = std::min(tile, n - at);
@@ -87,12 +94,23 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& o
   if (streamed) fence_nontemporal();  // before the phase that publishes the outputs
 }
 
-// reduce_sources into one output.
+// reduce_sources into one private output: streamed from kStreamOutFrom.
 void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out, size_t n,
                     int world, uint8_t* acc) {
   Outs outs;
   outs.push_back(out);
-  reduce_sources(dtype, op, srcs, outs, n, world, acc);
+  reduce_sources(dtype, op, srcs, outs, n, world, acc, n * dtype_size(dtype) >= kStreamOutFrom);
+}
+
+// Whether a two-shot all_reduce of `bytes` writes its outputs with non-temporal stores: from
+// kStreamOutFrom, the store choice's preference, except that the first 2 * kCostSamples calls
+// of a size class alternate and then every kExploreEvery-th call tries the other way, so that
+// both stay timed.
+bool stream_outputs(SymmetricHeap& heap, int size_class) {
+  const uint64_t k = heap.next_store_candidate(size_class);
+  const uint64_t warm = 2 * SymmetricHeap::kCostSamples;
+  const bool explore = k <= warm ? k % 2 == 0 : k % zero_copy::kExploreEvery == 0;
+  return heap.prefers_streamed_outputs(size_class) != explore;
 }
 
 }  // namespace
@@ -165,6 +183,11 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   // once, and the call needs no round after the reduction.
   const SymmetricSpan& dst = in_place ? si : so;
   const size_t f = chunk_first(n, w, me), l = chunk_first(n, w, me + 1);
+  SymmetricHeap& heap = *comm.symmetric();
+  const bool timed = bytes >= kStreamOutFrom;
+  const int size_class = SymmetricHeap::size_class(bytes);
+  const bool streamed = timed && stream_outputs(heap, size_class);
+  const auto t0 = Clock::now();
   for (int li = 0; li < w; ++li) {  // the peers in rank order, this rank's own last
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }
@@ -174,10 +197,15 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   for (int li = 0; li < w; ++li) {
     if (li != me) outs.push_back(dst.at(static_cast<size_t>(li)) + f * es);
   }
-  if (l > f) reduce_sources(in.dtype, op, srcs, outs, l - f, w, acc);
+  if (l > f) reduce_sources(in.dtype, op, srcs, outs, l - f, w, acc, streamed);
   call.post(2);  // this rank's chunk is everywhere, and it touches the peers' memory no more
   call.moved(2 * (l - f) * es * static_cast<size_t>(w - 1));
   call.wait_all(2);
+  if (timed) {  // the rounds after the entry: every rank's reduction and stores
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+    heap.add_store_cost(size_class, streamed, static_cast<uint64_t>(ns.count()) * 1024 / bytes);
+    if (streamed) heap.count_streamed_call();
+  }
   call.timed();
 }
 

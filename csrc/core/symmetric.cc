@@ -288,6 +288,18 @@ void SymmetricHeap::add_cost(int c, bool slots, uint64_t ns_per_kib) {
   k.ns_per_kib[k.n++ % kCostSamples] = ns_per_kib;
 }
 
+bool SymmetricHeap::prefers_streamed_outputs(int c) const {
+  const Costs& cached = store_costs_[c][0];
+  const Costs& streamed = store_costs_[c][1];
+  if (cached.n < kCostSamples || streamed.n < kCostSamples) return false;
+  return streamed.median() < cached.median();
+}
+
+void SymmetricHeap::add_store_cost(int c, bool streamed, uint64_t ns_per_kib) {
+  Costs& k = store_costs_[c][streamed ? 1 : 0];
+  k.ns_per_kib[k.n++ % kCostSamples] = ns_per_kib;
+}
+
 void SymmetricHeap::raise(uint32_t phase) {
   SymmetricControl& c = control(static_cast<size_t>(my_));
   c.phase.store(phase, std::memory_order_seq_cst);

@@ -186,6 +186,17 @@ class SymmetricHeap {
   // Calls placed zero-copy that ran the slot schedule instead (zero_copy.h).
   uint64_t slot_calls() const { return slots_.load(std::memory_order_relaxed); }
   void count_slot_call() { slots_.fetch_add(1, std::memory_order_relaxed); }
+  // The timed choice between cached and non-temporal stores for the outputs of the two-shot
+  // all_reduces large enough to time it (zero_copy.cc), per size class: each way's cost is the
+  // median nanoseconds per KiB of its last kCostSamples calls of the class on this rank.
+  // Prefers non-temporal stores once both have samples and they cost less. The calls are
+  // numbered alike on every rank (from 1), so the ranks try the same way in the same call.
+  uint64_t next_store_candidate(int size_class) { return ++store_candidates_[size_class]; }
+  bool prefers_streamed_outputs(int size_class) const;
+  void add_store_cost(int size_class, bool streamed, uint64_t ns_per_kib);
+  // Zero-copy calls that wrote their outputs with non-temporal stores.
+  uint64_t streamed_calls() const { return streamed_.load(std::memory_order_relaxed); }
+  void count_streamed_call() { streamed_.fetch_add(1, std::memory_order_relaxed); }
   // The phase counter of this rank's next zero-copy call (each call uses 4 phases).
   uint32_t next_base() {
     ++entered_;
@@ -217,8 +228,9 @@ class SymmetricHeap {
   uint32_t base_ = 0;     // written by the running collective
   uint64_t entered_ = 0;  // written by the running collective
   uint32_t saw_all_ = 0;
-  uint64_t candidates_[kSizeClasses] = {};   // written by the running collective
-  std::vector<SymmetricControl*> controls_;  // by local index; mapped pages
+  uint64_t candidates_[kSizeClasses] = {};        // written by the running collective
+  uint64_t store_candidates_[kSizeClasses] = {};  // written by the running collective
+  std::vector<SymmetricControl*> controls_;       // by local index; mapped pages
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<SymmetricAllocation>> allocs_;  // guarded by mu_
   std::atomic<size_t> count_{0};
@@ -227,12 +239,14 @@ class SymmetricHeap {
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> one_shot_{0};
   std::atomic<uint64_t> slots_{0};
+  std::atomic<uint64_t> streamed_{0};
   struct Costs {
     uint64_t ns_per_kib[kCostSamples] = {};
     uint32_t n = 0;  // samples taken
     uint64_t median() const;
   };
-  Costs costs_[kSizeClasses][2];  // [class][slots]; written by the running collective
+  Costs costs_[kSizeClasses][2];        // [class][slots]; written by the running collective
+  Costs store_costs_[kSizeClasses][2];  // [class][streamed]; written by the running collective
 };
 
 }  // namespace pyring
