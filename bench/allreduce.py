@@ -38,9 +38,11 @@ pyring's cross-host bytes per call and each host's eth0 bytes are recorded. --fl
 every TCP connection (a path that limits each flow). --load runs a background load
 (bench/busy.py) through the run; the JSON records memcpy's rate with and without it. --runs
 repeats the whole measurement and counts the runs where pyring is ahead of gloo, Open MPI and
-oneCCL at every size. Per library the JSON also has the cores each rank's process kept busy
-during its calls (user + system time over wall time). Writes
-bench/results/allreduce_<tag>.json (or --out) with the machine's description.
+oneCCL at every size. pyring times some choices over the first calls of each size class
+(zero-copy or the slots, cached or non-temporal stores; docs/symmetric.md), so before a size's
+blocks each library in the ranks' job makes --settle untimed calls. Per library the JSON also
+has the cores each rank's process kept busy during its calls (user + system time over wall
+time). Writes bench/results/allreduce_<tag>.json (or --out) with the machine's description.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def _check_peers(args: argparse.Namespace) -> None:
 
 def _config(args: argparse.Namespace, libs: list[str], blocks: int) -> dict[str, Any]:
     return {"libs": libs, "sizes": args.sizes, "blocks": blocks, "iters": args.iters,
-            "warmup": args.warmup, "layout": args.layout, "out_of_place": args.out_of_place}
+            "warmup": args.warmup, "settle": args.settle, "layout": args.layout,
+            "out_of_place": args.out_of_place}
 
 
 def _env(args: argparse.Namespace, tmp: str) -> dict[str, str]:
@@ -347,6 +350,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=200,
                     help="timed calls per block up to 1 MiB; above, divided by size/1MiB")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--settle", type=int, default=24,
+                    help="untimed calls of each library in the ranks' job before a size's "
+                         "blocks, so that pyring's timed choices have settled")
     ap.add_argument("--flow-cap", type=float, default=0.0, metavar="MB/S",
                     help="cap every TCP connection at this rate (bench/flow_cap.c)")
     ap.add_argument("--load", default="none", choices=("none", "cpu", "membw", "mixed"),

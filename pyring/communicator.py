@@ -314,7 +314,8 @@ class Communicator(PointToPoint):
         symmetric tensors (``calls``, of which ``one_shot``) and the ``bytes`` this rank read
         from its peers' mappings for them, which bytes_received leaves out; ``slot_schedule``
         counts the calls on symmetric tensors that ran over the links instead (the calls of
-        8 KiB and more time both ways and take the cheaper; docs/symmetric.md), and
+        8 KiB and more time both ways and take the cheaper, where the host's ranks have a core
+        each; docs/symmetric.md), and
         ``streamed`` the zero-copy all_reduces that wrote their outputs with non-temporal stores
         (those of 16 MiB and more time both kinds of store);
         ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a

@@ -29,6 +29,14 @@ enum ZeroCopyKind : uint32_t {
 // state took 38 us zero-copy against 9.6 us over slots at 64 KiB, 3.8 ms against 1.6 ms at
 // 16 MiB. So calls of at least kSlotsFromBytes time both schedules (SymmetricHeap's timed
 // choice) and run the slot schedule where some rank finds it the cheaper (counted apart).
+//
+// Not where the host's ranks outnumber their cores: there each hand-off between ranks costs a
+// turn on a core, and the slots take 2 (n - 1) of them per call against zero-copy's 2. At 4
+// ranks on the 2-core machine (bench/allreduce.py --world 4, 10 runs) the slots took 305-924
+// us at 64 KiB and 8.8-13.4 ms at 16 MiB, zero-copy 4.8-6.2 ms at 16 MiB in every run and
+// 71-120 us at 64 KiB in the 8 runs where the timing kept it; the per-call times are so noisy
+// there that in the other 2 some rank's timing preferred the slots for a while, and the 64 KiB
+// all_reduce took 104-838 us.
 constexpr size_t kSlotsFromBytes = 8 << 10;
 constexpr uint32_t kExploreEvery = 64;
 
@@ -40,7 +48,7 @@ class Call {
   Call(Communicator& comm, const char* what, ZeroCopyKind kind, const SymmetricSpan& span,
        size_t bytes, DType dtype, int op, int root, Deadline deadline, bool may_use_slots = false)
       : heap_(*comm.symmetric()),
-        may_use_slots_(may_use_slots && bytes >= kSlotsFromBytes),
+        may_use_slots_(may_use_slots && bytes >= kSlotsFromBytes && !heap_.shared_cores()),
         deadline_(deadline),
         what_(what),
         spin_us_(comm.spin_us()),

@@ -183,6 +183,8 @@ class SymmetricHeap {
   static int size_class(size_t bytes);
   bool prefers_slots(int size_class) const;
   void add_cost(int size_class, bool slots, uint64_t ns_per_kib);
+  // Some local ranks share a core (alike on every rank).
+  bool shared_cores() const { return shared_cores_; }
   // Calls placed zero-copy that ran the slot schedule instead (zero_copy.h).
   uint64_t slot_calls() const { return slots_.load(std::memory_order_relaxed); }
   void count_slot_call() { slots_.fetch_add(1, std::memory_order_relaxed); }
