@@ -102,15 +102,11 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out,
   reduce_sources(dtype, op, srcs, outs, n, world, acc, n * dtype_size(dtype) >= kStreamOutFrom);
 }
 
-// Whether a two-shot all_reduce of `bytes` writes its outputs with non-temporal stores: from
-// kStreamOutFrom, the store choice's preference, except that the first 2 * kCostSamples calls
-// of a size class alternate and then every kExploreEvery-th call tries the other way, so that
-// both stay timed.
+// Whether a two-shot all_reduce from kStreamOutFrom writes its outputs with non-temporal
+// stores: the store choice's preference, except in the calls that explore the other way.
 bool stream_outputs(SymmetricHeap& heap, int size_class) {
-  const uint64_t k = heap.next_store_candidate(size_class);
-  const uint64_t warm = 2 * SymmetricHeap::kCostSamples;
-  const bool explore = k <= warm ? k % 2 == 0 : k % zero_copy::kExploreEvery == 0;
-  return heap.prefers_streamed_outputs(size_class) != explore;
+  return heap.prefers_streamed_outputs(size_class) !=
+         zero_copy::explores(heap.next_store_candidate(size_class));
 }
 
 }  // namespace
@@ -187,7 +183,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   const bool timed = bytes >= kStreamOutFrom;
   const int size_class = SymmetricHeap::size_class(bytes);
   const bool streamed = timed && stream_outputs(heap, size_class);
-  const auto t0 = Clock::now();
+  const Clock::time_point t0 = timed ? Clock::now() : Clock::time_point{};
   for (int li = 0; li < w; ++li) {  // the peers in rank order, this rank's own last
     if (li != me) srcs.push_back(si.at(static_cast<size_t>(li)) + f * es);
   }

@@ -40,6 +40,13 @@ enum ZeroCopyKind : uint32_t {
 constexpr size_t kSlotsFromBytes = 8 << 10;
 constexpr uint32_t kExploreEvery = 64;
 
+// Whether the k-th call (from 1) of a size class tries the way its timed choice does not
+// prefer: every second of the first 2 * kCostSamples, so that both ways are timed from the
+// start, then every kExploreEvery-th, so that both stay timed.
+inline bool explores(uint64_t k) {
+  return k <= 2 * SymmetricHeap::kCostSamples ? k % 2 == 0 : k % kExploreEvery == 0;
+}
+
 // One zero-copy call: its phases are base + 1 (entered: this rank's data is in place), base +
 // 2 and base + 3 (the algorithm's rounds); each rank raises them in order.
 class Call {
@@ -72,11 +79,7 @@ class Call {
       class_ = SymmetricHeap::size_class(bytes);
       bytes_ = bytes;
       c.far = heap_.prefers_slots(class_);
-      // The first 2 * kCostSamples calls of a class alternate, so that both schedules are
-      // timed from the start.
-      const uint64_t k = heap_.next_candidate(class_);
-      const uint64_t warm = 2 * SymmetricHeap::kCostSamples;
-      explore_ = k <= warm ? k % 2 == 0 : k % kExploreEvery == 0;
+      explore_ = explores(heap_.next_candidate(class_));
     }
   }
 
