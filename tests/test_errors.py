@@ -241,13 +241,17 @@ def _rank_1_blocks(rank, world, store):
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_launcher_kills_one_rank_and_leaves_no_process(start_method):
-    start = time.monotonic()
+    """wait() returns once the killed rank is seen dead, not at its timeout. Its bound counts
+    from the call and so includes rank 0's start (over 15 s for spawn under a sanitizer)."""
+    timeout = 120.0
     with Ranks(2, _rank_1_blocks, start_method=start_method) as job:
         pids = list(job.pids.values())
         job.kill(1)
-        res = job.wait(timeout=30, allow_failures=True)  # returns once rank 1 is seen dead
+        start = time.monotonic()
+        res = job.wait(timeout=timeout, allow_failures=True)
+        waited = time.monotonic() - start
     assert res == ["done", None], res
-    assert time.monotonic() - start < 15
+    assert waited < timeout / 2, f"wait() took {waited:.1f} s of its {timeout:g} s"
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -23,11 +23,21 @@ using zero_copy::kBroadcast;
 using zero_copy::kReduceScatter;
 using zero_copy::Sources;
 
-// Elements reduced per pass over the sources: small enough that each line read is written
-// (into the tile, then the outputs) while it is still in the first-level cache. On the 2-core
-// machine, 2 ranks, two-shot (bench/allreduce.py, 3 runs side by side): 16 MiB 675-764 us with
-// 1 KiB against 1201-1429 us with 32 KiB; 64 MiB 7.5-8.2 against 8.3-10.7 ms.
-constexpr size_t kTileBytes = 1 << 10;
+// Bytes reduced per pass over the sources, by the call's size. From kSmallTileFrom, small
+// enough that each line read is written (into the tile, then the outputs) while it is still in
+// the first-level cache: on the 2-core machine, 2 ranks, two-shot (bench/allreduce.py, 3 runs
+// side by side), 16 MiB took 675-764 us with 1 KiB against 1201-1429 us with 32 KiB, and
+// 64 MiB 7.5-8.2 against 8.3-10.7 ms. Below it, fewer passes: with the 1 KiB tile at every
+// size, DistributedOptimizer's 3.5 MB buckets stepped slower on symmetric memory than on
+// private buckets in 5 of 5 runs of bench/training.py; with 32 KiB below kSmallTileFrom, faster
+// in 3 of 4 (docs/symmetric.md).
+constexpr size_t kSmallTileBytes = 1 << 10;
+constexpr size_t kTileBytes = 32 << 10;
+constexpr size_t kSmallTileFrom = 16 << 20;
+
+size_t tile_bytes(size_t call_bytes) {
+  return call_bytes >= kSmallTileFrom ? kSmallTileBytes : kTileBytes;
+}
 
 const KernelSite kHost{};
 
@@ -51,10 +61,11 @@ struct Outs {
 
 // outs[j][0, n) = op over srcs[k][0, n), k in the order given, tile by tile; an output may be
 // a source (element for element: each tile is read whole before it is written). `acc` holds
-// 2 * kTileBytes: the accumulation type's tile and the output's. `streamed`: the outputs are
-// written with non-temporal stores, fenced before the function returns.
+// 2 * kTileBytes: the accumulation type's tile and the output's, `tile_b` bytes of each used.
+// `streamed`: the outputs are written with non-temporal stores, fenced before the function
+// returns.
 void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& outs, size_t n,
-                    int world, uint8_t* acc, bool streamed) {
+                    int world, uint8_t* acc, size_t tile_b, bool streamed) {
   const size_t es = dtype_size(dtype);
   const size_t ws = dtype_size(accum_dtype(dtype));
   const size_t k = srcs.size();
@@ -64,8 +75,8 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& o
     return;
   }
   const bool same = accum_dtype(dtype) == dtype;
-  const size_t tile = kTileBytes / ws;
-  uint8_t* stage = streamed || outs.n > 1 ? acc + kTileBytes : nullptr;
+  const size_t tile = tile_b / ws;
+  uint8_t* stage = streamed || outs.n > 1 ? acc + tile_b : nullptr;
   for (size_t at = 0; at < n; at += tile) {
     const size_t m = std::min(tile, n - at);
     auto src = [&](size_t i) { return srcs[i] + at * es; };
@@ -94,12 +105,14 @@ void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, const Outs& o
   if (streamed) fence_nontemporal();  // before the phase that publishes the outputs
 }
 
-// reduce_sources into one private output: streamed from kStreamOutFrom.
+// reduce_sources into one private output, for a call of `call_bytes`: streamed from
+// kStreamOutFrom.
 void reduce_sources(DType dtype, ReduceOp op, const Sources& srcs, uint8_t* out, size_t n,
-                    int world, uint8_t* acc) {
+                    int world, uint8_t* acc, size_t call_bytes) {
   Outs outs;
   outs.push_back(out);
-  reduce_sources(dtype, op, srcs, outs, n, world, acc, n * dtype_size(dtype) >= kStreamOutFrom);
+  reduce_sources(dtype, op, srcs, outs, n, world, acc, tile_bytes(call_bytes),
+                 call_bytes >= kStreamOutFrom);
 }
 
 // Whether a two-shot all_reduce from kStreamOutFrom writes its outputs with non-temporal
@@ -156,7 +169,9 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
     call.wait_all(1);
     if (call.use_slots()) return slots();
     counted();
-    if (n > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
+    if (n > 0) {
+      reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc, bytes);
+    }
     call.moved(bytes * static_cast<size_t>(w - 1));
     call.timed();
     return;
@@ -167,7 +182,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   counted();
   if (one_shot) {  // into the private output, in rank order, reading the peers' inputs
     for (int li = 0; li < w; ++li) srcs.push_back(si.at(static_cast<size_t>(li)));
-    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc);
+    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), n, w, acc, bytes);
     call.post(2);  // done reading the peers' inputs
     call.moved(bytes * static_cast<size_t>(w - 1));
     call.wait_all(2);
@@ -193,7 +208,7 @@ void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const Symm
   for (int li = 0; li < w; ++li) {
     if (li != me) outs.push_back(dst.at(static_cast<size_t>(li)) + f * es);
   }
-  if (l > f) reduce_sources(in.dtype, op, srcs, outs, l - f, w, acc, streamed);
+  if (l > f) reduce_sources(in.dtype, op, srcs, outs, l - f, w, acc, tile_bytes(bytes), streamed);
   call.post(2);  // this rank's chunk is everywhere, and it touches the peers' memory no more
   call.moved(2 * (l - f) * es * static_cast<size_t>(w - 1));
   call.wait_all(2);
@@ -224,7 +239,9 @@ void zero_copy_reduce_scatter(Communicator& comm, const SymmetricSpan& si, const
     return call.run_slots([&](Deadline d) { reduce_scatter(comm, in, out, op, d); });
   }
   call.count(false);
-  if (m > 0) reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), m, w, scratch);
+  if (m > 0) {
+    reduce_sources(in.dtype, op, srcs, static_cast<uint8_t*>(out.data), m, w, scratch, in.bytes());
+  }
   call.post(2);
   call.moved(m * es * static_cast<size_t>(w - 1));
   call.wait_all(2);
