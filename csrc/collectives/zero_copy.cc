@@ -30,7 +30,7 @@ using zero_copy::Sources;
 // 64 MiB 7.5-8.2 against 8.3-10.7 ms. Below it, fewer passes: with the 1 KiB tile at every
 // size, DistributedOptimizer's 3.5 MB buckets stepped slower on symmetric memory than on
 // private buckets in 5 of 5 runs of bench/training.py; with 32 KiB below kSmallTileFrom, faster
-// in 3 of 4 (docs/symmetric.md).
+// in 4 of 5 (docs/symmetric.md).
 constexpr size_t kSmallTileBytes = 1 << 10;
 constexpr size_t kTileBytes = 32 << 10;
 constexpr size_t kSmallTileFrom = 16 << 20;
