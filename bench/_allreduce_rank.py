@@ -177,7 +177,7 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
             r, i = divmod(b, len(names))
             name = names[(r + i) % len(names)]  # each round starts one library later
             barrier, call = libs[name]
-            times = []
+            times, waits, starts = [], [], []
             sent = wire = 0
             cpu = 0.0
             t, o = bufs[name]
@@ -185,6 +185,7 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
                 t.fill_(rank + 1)
                 if o is not t:
                     o.fill_(float("nan"))
+                b0 = clock()
                 barrier()
                 timed = i >= warmup
                 if timed and away and name in comms:
@@ -197,6 +198,8 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
                 if timed:
                     cpu += _cpu_s() - c0
                     times.append(t1 - t0)
+                    waits.append(t0 - b0)
+                    starts.append(t0)
                     if away and name in comms:
                         sent += _sent_to(comms[name], away) - s0
                     if count_wire:
@@ -205,7 +208,8 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
                 wrong[name] += int((o != want).sum())
                 if o is not t:  # the input stays as it was
                     wrong[name] += int((t != rank + 1).sum())
-            blocks.append((name, times, sent // iters, wire // iters, cpu / sum(times)))
+            blocks.append((name, times, sent // iters, wire // iters, cpu / sum(times), waits,
+                           starts))
         links = comm.stats()["links"].values()
         streamed = (sum(v.get("bytes_streamed", 0) for v in links)
                     / max(1, sum(v["bytes_sent"] for v in links)))
@@ -226,8 +230,10 @@ def run(rank: int, world: int, store: Any, cfg: dict[str, Any], mpi: Any = None)
 def _gather(store: Any, k: int, world: int, nbytes: int, iters: int,
             names: list[str]) -> dict[str, Any]:
     """Size k's raw entry from every rank's blocks: per block the median over its calls of the
-    slowest rank's time, the bytes that crossed to other hosts per call, and per rank the cores
-    its process kept busy during the calls (user + system seconds over wall seconds)."""
+    slowest rank's time, the bytes that crossed to other hosts per call, per rank the cores
+    its process kept busy during the calls (user + system seconds over wall seconds), and the
+    medians over its calls of the slowest rank's barrier before the call and of the spread of
+    the ranks' starts after it (the ranks' clocks are the host's monotonic clock)."""
     from pyring.tools.timing import slowest_per_iteration
 
     ranks = [json.loads(store.get(f"allreduce/{k}/{r}")) for r in range(world)]
@@ -238,7 +244,11 @@ def _gather(store: Any, k: int, world: int, nbytes: int, iters: int,
                     "min_us": min(slowest) * 1e6,
                     "sent_across_per_call": sum(g[0][b][2] for g in ranks),
                     "wire_per_call": sum(g[0][b][3] for g in ranks),
-                    "cores_busy": [round(g[0][b][4], 3) for g in ranks]})
+                    "cores_busy": [round(g[0][b][4], 3) for g in ranks],
+                    "barrier_us": statistics.median(slowest_per_iteration(
+                        [g[0][b][5][:iters] for g in ranks])) * 1e6,
+                    "entry_skew_us": statistics.median(
+                        max(s) - min(s) for s in zip(*(g[0][b][6][:iters] for g in ranks))) * 1e6})
     return {"bytes": nbytes, "iters": iters, "blocks": out,
             "pyring_streamed_fraction": [g[2] for g in ranks],
             # pyring-symmetric's stats()["zero_copy"] per rank, since the size's settling calls

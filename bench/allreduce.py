@@ -236,7 +236,7 @@ def _measure(args: argparse.Namespace) -> list[dict]:
             times = c["blocks"][0]
             block = {"lib": "oneccl", "median_us": statistics.median(times),
                      "min_us": min(times), "sent_across_per_call": 0, "wire_per_call": 0,
-                     "cores_busy": []}
+                     "cores_busy": [], "barrier_us": None, "entry_skew_us": None}
             if len(merged) <= k:
                 merged.append({**e, "blocks": [], "wrong": dict.fromkeys(args.libs, 0)})
             m = merged[k]
@@ -267,7 +267,12 @@ def _summarize(entry: dict, libs: list[str]) -> dict:
     cores = {lib: statistics.median(statistics.fmean(b["cores_busy"]) for b in blocks
                                     if b["lib"] == lib and b["cores_busy"]) if lib != "oneccl"
              else None for lib in libs}
-    return {**entry, "median_us": med, "cores_busy": cores,
+    # Each call is timed after its library's barrier: a barrier that lets the ranks go one by
+    # one adds its spread to the call's time.
+    waits = {f: {lib: statistics.median(b[f] for b in blocks if b["lib"] == lib)
+                 if lib != "oneccl" else None for lib in libs}
+             for f in ("barrier_us", "entry_skew_us")}
+    return {**entry, "median_us": med, "cores_busy": cores, **waits,
             "algbw_GBps": {lib: entry["bytes"] / (us * 1e3) for lib, us in med.items()},
             "ratio_over_pyring": ratios,
             "median_ratio": {lib: statistics.median(v) for lib, v in ratios.items()},
@@ -326,6 +331,10 @@ def _print(args: argparse.Namespace, sizes: list[dict], where: str) -> int:
     print("# cores busy per rank during the calls (user + system / wall, mean over ranks): "
           + ", ".join(f"{lib} {sizes[-1]['cores_busy'][lib]:.2f}" for lib in libs
                       if sizes[-1]["cores_busy"][lib] is not None) + f" at {sizes[-1]['bytes']} B")
+    print("# barrier before each call, slowest rank, us (spread of the ranks' starts after it): "
+          + "; ".join(f"{e['bytes']} B: " + ", ".join(
+              f"{lib} {e['barrier_us'][lib]:.1f} ({e['entry_skew_us'][lib]:.1f})" for lib in libs
+              if e["barrier_us"][lib] is not None) for e in sizes))
     print(f"# wrong elements: {wrong}; 'X/pyring' > 1: pyring faster; streamed: the largest "
           f"fraction of a rank's bytes that pyring copied into shm slots with non-temporal "
           f"stores (PYRING_SHM_COPY)")

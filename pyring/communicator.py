@@ -315,9 +315,11 @@ class Communicator(PointToPoint):
         from its peers' mappings for them, which bytes_received leaves out; ``slot_schedule``
         counts the calls on symmetric tensors that ran over the links instead (the calls of
         8 KiB and more time both ways and take the cheaper, where the host's ranks have a core
-        each; docs/symmetric.md), and
+        each; docs/symmetric.md),
         ``streamed`` the zero-copy all_reduces that wrote their outputs with non-temporal stores
-        (those of 16 MiB and more time both kinds of store);
+        (those of 16 MiB and more time both kinds of store), and ``barriers`` the barriers that
+        ran on the symmetric control pages (every rank on this host, after the first
+        pyring.empty);
         ``symmetric_memory`` is what pyring.empty holds now (``allocations``, ``bytes``: a
         level)."""
         links, calls = self._c.raw_stats()
@@ -352,6 +354,7 @@ class Communicator(PointToPoint):
                           "one_shot": sym["one_shot_calls"] - zc0.get("one_shot_calls", 0),
                           "slot_schedule": sym["slot_calls"] - zc0.get("slot_calls", 0),
                           "streamed": sym["streamed_calls"] - zc0.get("streamed_calls", 0),
+                          "barriers": sym["barriers"] - zc0.get("barriers", 0),
                           "bytes": sym["zero_copy_bytes"] - zc0.get("zero_copy_bytes", 0)},
             "symmetric_memory": {"allocations": sym["symmetric_allocations"],
                                  "bytes": sym["symmetric_bytes"]},

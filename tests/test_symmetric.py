@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -156,7 +157,8 @@ def slot_mismatch_body(rank, world, store):
 
 def test_a_rank_on_the_slot_path_fails_the_call_at_once():
     results = run_ranks(2, slot_mismatch_body, timeout=120)
-    assert "rank 1 entered this collective on the slot path" in results[0][0], results
+    assert re.search(r"rank 1 entered this collective \(#\d+\) on the slot path",
+                     results[0][0]), results
     for msg, took in results:
         assert msg != "no error"
         assert took < 10, results
@@ -398,3 +400,79 @@ def test_ranks_whose_outputs_differ_fail_naming_both():
     for msg, took in run_ranks(2, output_mismatch_body, timeout=120):
         assert "ranks disagree on the zero-copy call" in msg and "output" in msg, msg
         assert took < 10
+
+
+def barrier_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    comm.barrier()  # before the first allocation: along the ring
+    ring = comm.stats()["zero_copy"]["barriers"]
+    x = comm.empty(1001)
+    if rank == 0:
+        time.sleep(0.3)
+    t0 = time.monotonic()
+    comm.barrier()
+    waited = time.monotonic() - t0
+    comm.barrier(async_op=True).wait()
+    wrong = 0
+    for i in range(200):  # barriers between one-shot and two-shot calls on the same tensors
+        n = 1001 if i % 2 else 40_003
+        y = x if n == 1001 else comm.empty(n)
+        y.fill_(rank + i)
+        comm.barrier()
+        comm.all_reduce(y)
+        wrong += int((y != world * i + world * (world - 1) / 2).sum())
+    return ring, waited, wrong, comm.stats()["zero_copy"]["barriers"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_barrier_runs_on_the_flags_once_memory_is_symmetric(world):
+    for rank, (ring, waited, wrong, flags) in enumerate(run_ranks(world, barrier_body,
+                                                                  timeout=120)):
+        assert ring == 0 and flags == 202, (rank, ring, flags)
+        if rank != 0:  # nobody leaves before the late rank entered
+            assert waited >= 0.25, (rank, waited)
+        assert wrong == 0
+
+
+def barrier_killed_body(rank, world, store):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    comm.empty(10)
+    comm.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _attempt(comm.barrier)
+
+
+def test_a_peer_killed_before_the_barrier_fails_every_survivor():
+    results = run_ranks(3, barrier_killed_body, timeout=120, allow_failures=True)
+    for rank, r in enumerate(results):
+        if rank == 1:
+            continue
+        msg, took = r
+        assert "PeerLost" in msg or "CommError" in msg, results
+        assert took < 10, results
+
+
+def barrier_desync_body(rank, world, store, private):
+    import pyring
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    x = comm.empty(1000)
+    if rank == 0:
+        return _attempt(comm.barrier)
+    return _attempt(comm.all_reduce, torch.zeros(1000) if private else x)
+
+
+def test_a_barrier_beside_another_collective_fails_both_ranks():
+    (mine, took0), (theirs, took1) = run_ranks(2, barrier_desync_body, False, timeout=120)
+    for msg in (mine, theirs):
+        assert "ranks disagree on the zero-copy call" in msg, msg
+        assert f"kind {6}" in msg and f"kind {1}" in msg, msg
+    (mine, took0), (theirs, took1) = run_ranks(2, barrier_desync_body, True, timeout=120)
+    assert "rank 1 entered this collective" in mine and "another collective" in mine, mine
+    assert theirs != "no error"
+    assert took0 < 10 and took1 < 10, (mine, theirs)

@@ -340,7 +340,7 @@ void register_communicator(py::module_& m) {
         CollectiveDesc d;
         d.name = "barrier";
         d.has_data = false;
-        return launch(c, async_op, d, [&c](Deadline dl) { ring_barrier(c, dl); });
+        return launch(c, async_op, d, [&c](Deadline dl) { barrier(c, dl); });
       });
   register_p2p(cls);
   register_fast_call(cls);

@@ -106,6 +106,7 @@ void register_symmetric(CommunicatorClass& cls, py::module_& m) {
         d["zero_copy_calls"] = h ? h->zero_copy_calls() : 0;
         d["one_shot_calls"] = h ? h->one_shot_calls() : 0;
         d["slot_calls"] = h ? h->slot_calls() : 0;
+        d["barriers"] = h ? h->barriers() : 0;
         d["streamed_calls"] = h ? h->streamed_calls() : 0;
         d["zero_copy_bytes"] = h ? h->zero_copy_bytes() : 0;
         d["symmetric_allocations"] = h ? h->allocations() : 0;

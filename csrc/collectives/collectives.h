@@ -108,7 +108,9 @@ void scatter(Communicator& comm, const std::vector<Span>& blocks, const Span& ou
 void all_to_all(Communicator& comm, const std::vector<Span>& in, const std::vector<Span>& out,
                 Deadline deadline);
 
-// Returns once every rank has entered the barrier.
+// Returns once every rank has entered the barrier: on the symmetric control pages where every
+// rank is on this host and they are mapped (zero_copy_barrier), else along the ring.
+void barrier(Communicator& comm, Deadline deadline);
 void ring_barrier(Communicator& comm, Deadline deadline);
 
 }  // namespace pyring

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "collectives/collectives.h"
+#include "collectives/zero_copy.h"
 #include "core/errors.h"
 
 namespace pyring {
@@ -270,6 +271,21 @@ void note_ring_collective(Communicator& comm, CollectiveKind kind, size_t bytes)
       "fewest bytes any schedule can move across it";
   comm.log_once(1, str_cat("ring/", name),
                 [&] { return str_cat(name, " ", human_bytes(bytes), ": ring (", why, ")"); });
+}
+
+void barrier(Communicator& comm, Deadline deadline) {
+  const bool flags = zero_copy_barrier_possible(comm);
+  if (comm.options().log_level >= 1) {
+    comm.log_once(1, str_cat("barrier/", flags), [&] {
+      return flags ? std::string(
+                         "barrier: zero-copy (one round of flags on the symmetric control pages)")
+                   : std::string("barrier: ring (a token travels the ring twice)");
+    });
+  }
+  if (flags) return zero_copy_barrier(comm, deadline);
+  // Peers on a zero-copy path learn at once that this rank took another one.
+  if (comm.symmetric() && comm.symmetric()->active()) comm.symmetric()->enter(comm.seq(), false);
+  ring_barrier(comm, deadline);
 }
 
 void allreduce(Communicator& comm, const BufferView& in, const BufferView& out, ReduceOp op,

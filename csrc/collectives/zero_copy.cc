@@ -19,6 +19,7 @@ using zero_copy::Call;
 using zero_copy::chunk_first;
 using zero_copy::kAllGather;
 using zero_copy::kAllReduce;
+using zero_copy::kBarrier;
 using zero_copy::kBroadcast;
 using zero_copy::kReduceScatter;
 using zero_copy::Sources;
@@ -127,6 +128,19 @@ bool stream_outputs(SymmetricHeap& heap, int size_class) {
 bool zero_copy_possible(const Communicator& comm) {
   const SymmetricHeap* h = comm.symmetric();
   return h && h->any() && h->whole(comm.size()) && comm.size() > 1;
+}
+
+bool zero_copy_barrier_possible(const Communicator& comm) {
+  const SymmetricHeap* h = comm.symmetric();
+  return h && h->active() && h->whole(comm.size()) && comm.size() > 1;
+}
+
+void zero_copy_barrier(Communicator& comm, Deadline deadline) {
+  Call call(comm, "zero-copy barrier", kBarrier, SymmetricSpan{}, 0, DType::kUInt8, -1, -1,
+            deadline);
+  call.start();
+  call.wait_all(1);
+  comm.symmetric()->count_barrier();
 }
 
 void zero_copy_allreduce(Communicator& comm, const SymmetricSpan& si, const SymmetricSpan& so,

@@ -71,6 +71,15 @@ void zero_copy_allgather(Communicator& comm, const SymmetricSpan& si, const Buff
 void zero_copy_broadcast(Communicator& comm, const SymmetricSpan& sb, const BufferView& buf,
                          int root, Deadline deadline);
 
+// Whether `comm` can run its barrier on the ranks' control pages (zero_copy_barrier): every rank
+// is on this host and the pages are mapped (the first symmetric allocation was made, at the
+// same collective on every rank, so the ranks agree).
+bool zero_copy_barrier_possible(const Communicator& comm);
+// Returns once every rank has entered: one round of flags (each rank raises its phase, then
+// waits for every peer's), so the ranks leave together, where the ring's token leaves them one
+// hop apart (2 (n - 1) hops in all).
+void zero_copy_barrier(Communicator& comm, Deadline deadline);
+
 // The same four on symmetric device memory (zero_copy_device.cc), run inside the call's device
 // ticket (DeviceQueue::run_resident: the caller's stream has reached the call). Host-driven:
 // each step's kernels and copies are queued on pyring's stream and run to completion before

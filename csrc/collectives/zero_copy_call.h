@@ -22,6 +22,7 @@ enum ZeroCopyKind : uint32_t {
   kAllGather = 3,
   kBroadcast = 4,
   kHostsAllReduce = 5,
+  kBarrier = 6,
 };
 
 // Where the cores are far (vCPUs on different core complexes), reading memory a peer just
@@ -68,8 +69,8 @@ class Call {
     c.seq = seq_;
     c.kind = kind;
     c.root = root;
-    c.alloc = span.alloc->id;
-    c.offset = span.offset;
+    c.alloc = span ? span.alloc->id : 0;  // empty for a barrier
+    c.offset = span ? span.offset : 0;
     c.bytes = bytes;
     c.dtype = static_cast<int32_t>(dtype);
     c.op = op;

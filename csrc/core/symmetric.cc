@@ -372,10 +372,10 @@ void SymmetricHeap::wait(size_t li, uint32_t target, int spin_us, Deadline deadl
                                    ") died while this rank waited for it in ", what));
     }
     PYRING_CHECK(seq == 0 || c.entered.load(std::memory_order_acquire) != 2 * seq, CommError, what,
-                 ": rank ", peer,
-                 " entered this collective on the slot path (its buffer "
-                 "is not symmetric memory) while this rank's buffer is: pass pyring.empty "
-                 "tensors on every rank, or on none");
+                 ": rank ", peer, " entered this collective (#", seq,
+                 ") on the slot path while this rank took the zero-copy path: its buffer is "
+                 "not symmetric memory while this rank's is (pass pyring.empty tensors on "
+                 "every rank, or on none), or it called another collective");
     PYRING_CHECK(!deadline.expired(), TimeoutError, "timed out waiting for rank ", peer, " in ",
                  what, " (zero-copy phase ", target, ", it is at ",
                  c.phase.load(std::memory_order_relaxed), ")");

@@ -188,6 +188,9 @@ class SymmetricHeap {
   // Calls placed zero-copy that ran the slot schedule instead (zero_copy.h).
   uint64_t slot_calls() const { return slots_.load(std::memory_order_relaxed); }
   void count_slot_call() { slots_.fetch_add(1, std::memory_order_relaxed); }
+  // Barriers run on the control pages (collectives/zero_copy.h), ever.
+  uint64_t barriers() const { return barriers_.load(std::memory_order_relaxed); }
+  void count_barrier() { barriers_.fetch_add(1, std::memory_order_relaxed); }
   // The timed choice between cached and non-temporal stores for the outputs of the two-shot
   // all_reduces large enough to time it (zero_copy.cc), per size class: each way's cost is the
   // median nanoseconds per KiB of its last kCostSamples calls of the class on this rank.
@@ -241,6 +244,7 @@ class SymmetricHeap {
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> one_shot_{0};
   std::atomic<uint64_t> slots_{0};
+  std::atomic<uint64_t> barriers_{0};
   std::atomic<uint64_t> streamed_{0};
   struct Costs {
     uint64_t ns_per_kib[kCostSamples] = {};
