@@ -12,6 +12,7 @@ it refuses without a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -151,3 +152,20 @@ def test_the_harness_says_what_it_skips(bench_copy, tmp_path):
     assert "# oneccl skipped:" in out and "install.sh" in out
     for p in bench_copy.joinpath("results", "runs").glob("*.json"):
         p.unlink()
+
+
+@pytest.mark.skipif(not shutil.which("mpirun") or importlib.util.find_spec("mpi4py") is None,
+                    reason="needs Open MPI and mpi4py (bench/README.md)")
+def test_back_to_back_probe_runs_under_mpirun(bench_copy, tmp_path):
+    out = tmp_path / "back_to_back.json"
+    env = dict(os.environ)
+    if _installed():
+        env.pop("PYTHONPATH", None)
+    cmd = [shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "-np", "2", sys.executable, str(bench_copy / "probes/back_to_back.py"), "--calls", "5",
+           "--rounds", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=bench_copy.parent, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["wrong"] == 0 and len(doc["median_us"]) == 6, doc
