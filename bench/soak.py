@@ -134,12 +134,12 @@ def _trial_rank(rank: int, world: int, store: Any, timeout_s: float, seed: int,
     try:
         comm = pyring.init(rank, world, store, set_default=False, timeout=timeout_s,
                            topology="0,1|2,3" if world == 4 else "auto")
-        results.put((rank, "ready", time.time()))
+        results[rank].put((rank, "ready", time.time()))
         mix = Mix(comm, seed)
         while True:
             mix.step()
     except BaseException as e:  # the survivor's report: what it raised, and when
-        results.put((rank, type(e).__name__, time.time(), str(e)[:300]))
+        results[rank].put((rank, type(e).__name__, time.time(), str(e)[:300]))
 
 
 def _shm_names() -> set[str]:
@@ -156,7 +156,9 @@ TRIAL_PRELOAD = ["torch", "pyring", "_soak_mix", "soak"]
 
 def kill_trial(world: int, timeout_s: float, rng: random.Random) -> dict:
     shm_before = _shm_names()
-    results = mp.get_context("forkserver").Queue()
+    # A queue per rank: a rank killed while it writes to a queue leaves that queue's lock held,
+    # which would silence every other writer of a shared one.
+    results = [mp.get_context("forkserver").Queue() for _ in range(world)]
     seed = rng.randrange(1 << 30)
     victim = rng.randrange(world)
     # In a third of the trials the victim comes late (0.3 s) and is killed before, during or
@@ -173,14 +175,19 @@ def kill_trial(world: int, timeout_s: float, rng: random.Random) -> dict:
         ready = 0
         end = time.monotonic() + 2 * timeout_s + 10
         while len(reports) < world - 1 and time.monotonic() < end:
-            try:
-                msg = results.get(timeout=0.5)
-            except Exception:
-                continue
-            if msg[1] == "ready":
-                ready += 1
-            elif msg[0] != victim:
-                reports[msg[0]] = msg
+            msgs = []
+            for q in results[:victim] + results[victim + 1:]:  # the victim's may hold half a
+                try:  # message, whose read would block
+                    msgs.append(q.get_nowait())
+                except Exception:  # noqa: BLE001 (empty)
+                    continue
+            if not msgs:
+                time.sleep(0.05)
+            for msg in msgs:
+                if msg[1] == "ready":
+                    ready += 1
+                else:
+                    reports[msg[0]] = msg
         left = [job.pids[r] for r in job.join(10)]
     phase = "run" if ready >= world - 1 else "init"
     # Init waits on the store and then on the links, each with the deadline.

@@ -231,3 +231,20 @@ def test_a_reused_tensor_is_never_read_after_its_call(world):
     results = run_ranks(world, reuse_body, 10, timeout=300)
     for rank, bad in enumerate(results):
         assert not bad, f"rank {rank}: {len(bad)} wrong:\n" + "\n".join(bad[:20])
+
+
+def barrier_body(rank, world, store):
+    comm = _init(rank, world, store)
+    x = comm.empty(1001, device="sim:0")  # the control pages are mapped from here on
+    wrong = 0
+    for i in range(20):
+        x.copy_(torch.full((1001,), float(rank + i)).to("sim:0"))
+        comm.barrier()
+        comm.all_reduce(x)
+        wrong += int((x.cpu() != world * i + world * (world - 1) / 2).sum())
+    return wrong, comm.stats()["zero_copy"]["barriers"]
+
+
+def test_the_barrier_runs_on_the_flags_after_a_device_allocation():
+    for wrong, barriers in run_ranks(3, barrier_body, env=ENV, timeout=120):
+        assert (wrong, barriers) == (0, 20)
