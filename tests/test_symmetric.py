@@ -164,21 +164,22 @@ def test_a_rank_on_the_slot_path_fails_the_call_at_once():
         assert took < 10, results
 
 
-def killed_body(rank, world, store):
+def killed_body(rank, world, store, call):
     import pyring
 
     comm = pyring.init(rank, world, store, set_default=False, timeout=60)
     t = comm.empty(100_000)
-    comm.all_reduce(t)
+    run = comm.barrier if call == "barrier" else lambda: comm.all_reduce(t)
+    run()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    return _attempt(comm.all_reduce, t)
+    return _attempt(run)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_killed_peer_fails_every_survivor_and_leaves_no_segment(world):
+@pytest.mark.parametrize("world,call", [(2, "all_reduce"), (4, "all_reduce"), (3, "barrier")])
+def test_a_killed_peer_fails_every_survivor_and_leaves_no_segment(world, call):
     before = _segments()
-    results = run_ranks(world, killed_body, timeout=120, allow_failures=True)
+    results = run_ranks(world, killed_body, call, timeout=120, allow_failures=True)
     for rank, r in enumerate(results):
         if rank == 1:
             continue
@@ -434,27 +435,6 @@ def test_the_barrier_runs_on_the_flags_once_memory_is_symmetric(world):
         if rank != 0:  # nobody leaves before the late rank entered
             assert waited >= 0.25, (rank, waited)
         assert wrong == 0
-
-
-def barrier_killed_body(rank, world, store):
-    import pyring
-
-    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
-    comm.empty(10)
-    comm.barrier()
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return _attempt(comm.barrier)
-
-
-def test_a_peer_killed_before_the_barrier_fails_every_survivor():
-    results = run_ranks(3, barrier_killed_body, timeout=120, allow_failures=True)
-    for rank, r in enumerate(results):
-        if rank == 1:
-            continue
-        msg, took = r
-        assert "PeerLost" in msg or "CommError" in msg, results
-        assert took < 10, results
 
 
 def barrier_desync_body(rank, world, store, private):

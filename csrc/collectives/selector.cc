@@ -284,7 +284,7 @@ void barrier(Communicator& comm, Deadline deadline) {
   }
   if (flags) return zero_copy_barrier(comm, deadline);
   // Peers on a zero-copy path learn at once that this rank took another one.
-  if (comm.symmetric() && comm.symmetric()->active()) comm.symmetric()->enter(comm.seq(), false);
+  if (comm.symmetric()) comm.symmetric()->enter(comm.seq(), false);  // no-op before mapping
   ring_barrier(comm, deadline);
 }
 
