@@ -397,3 +397,42 @@ def test_argument_types_are_named():
     assert "tag=1180591620717411303424 is outside the 64-bit signed range" in errors[1]
     assert "all_reduce_coalesced: tensors[0] is a ndarray" in errors[2], errors[2]
     assert "output_lists[0][0] is torch.float64, tensors are torch.float32" in errors[3]
+
+
+
+def _ask_and_answer(rank, world, store, transport):
+    """A worker and a server, as the parameter server runs them: the worker posts the receive
+    of an answer, sends a request without waiting, computes (a sleep) and waits for the answer;
+    the server receives each request and answers without waiting. The worker's waits, in ms."""
+    comm = _init(rank, world, store, transport=transport)
+    peer, req, answer, waits, sending = 1 - rank, torch.zeros(4), torch.empty(9610), [], []
+    for i in range(_ASKS):
+        if rank == 1:
+            comm.recv(req, peer, 4)
+            sending = [w for w in sending if not w.is_completed()]
+            sending.append(comm.isend(answer, peer, 3))
+        else:
+            work = comm.irecv(answer, peer, 3)
+            sending.append(comm.isend(req, peer, 4))
+            time.sleep(0.001 * (i % 3))
+            t0 = time.perf_counter()
+            work.wait()
+            waits.append((time.perf_counter() - t0) * 1e3)
+    for w in sending:
+        w.wait()
+    comm.barrier()
+    comm.close()
+    return sorted(waits)
+
+
+_ASKS = 400
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_answer_that_lands_while_its_receiver_waits_ends_the_wait_at_once(transport):
+    """A wait that outlasts its spin leaves the links to the p2p thread, which must take the
+    message when it lands, not at its next periodic check (50 ms): a helper that came and went
+    while the thread was parked once left it parked again, with nobody to call it."""
+    waits = run_ranks(2, _ask_and_answer, transport, env={"PYRING_SPIN_US": "20"})[0]
+    slow = [round(w, 1) for w in waits if w > 25]
+    assert len(slow) <= 2, f"{len(slow)} of {_ASKS} waits over 25 ms: {slow}"

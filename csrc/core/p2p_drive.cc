@@ -141,6 +141,11 @@ void P2pEngine::park() {
   helped_since_park_.store(false);
   idle_cv_.wait_for(lock, kParkTime,
                     [&] { return (helpers_.load() == 0 && unhelped_) || stop_.load(); });
+  // Called for (a post, or a helper that left work in flight): the helpers that came during
+  // this park have all left, so they must not park the thread again; it drives, then sleeps on
+  // the links, where an arriving message wakes it. (Parked again, nothing would call it before
+  // kParkTime, and the work in flight would wait that long.)
+  if (unhelped_) helped_since_park_.store(false);
   parked_ = unhelped_ = false;
 }
 
