@@ -130,6 +130,9 @@ def test_two_servers_split_the_parameters_by_bytes():
     assert [s.numel() for s in shards] == [n // 2, n - n // 2]
     for s in (2, 3):
         assert res[s]["stats"]["pushes_applied"] == 2 * 15  # 2 workers, every 2nd step
+        # Every 3rd step: a pull alone, or with a push (every 6th step) in one request.
+        assert res[s]["stats"]["pulls_answered"] == 2 * 10, res[s]["stats"]
+    assert [w["stats"]["pulls"] for w in res[:2]] == [10, 10]
     # After close every worker holds the servers' shards as of its last pull; a last pull after
     # every push is the same on both workers only if no push came after it, so compare against
     # the servers' final shards loosely: same length, finite.

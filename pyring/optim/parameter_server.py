@@ -20,11 +20,13 @@ values) to every worker, so every worker starts from the servers' parameters.
   sends each server its shard of their mean (a push), encoded on ``wire`` with an error-feedback
   residual per server kept on the worker. Every ``pull_every`` steps it asks every server for
   its shard (a pull) and takes the answer into the model when it has arrived, at the latest at
-  the next pull, which is the only time a step waits.
+  the next pull, which is the only time a step waits. A step that pushes and pulls sends one
+  request: the server answers the pull right after applying the push.
 - A server's ``serve()`` applies each push as it arrives: the push's gradient is the shard's
   ``grad`` for one ``step()`` of a copy of the wrapped optimizer's class and hyperparameters over
   the shard. It answers each pull with its shard and its version (the pushes applied so far),
-  and returns once every worker has called ``close()`` (which returns then too).
+  and returns once every worker has called ``close()`` (which returns then too). It sends its
+  answers without waiting for the workers to take them, so a slow puller holds no push back.
 - Staleness of a push: the server's version when it applies it, minus the version of the
   parameters the worker computed it on.
 - A push is applied only once its whole payload has arrived: a worker that dies mid-push has
@@ -55,7 +57,9 @@ WIRES = ("fp32", "fp16", "bf16", "onebit")
 #: The first of the point-to-point tags the parameter server uses (TAG_BASE .. TAG_BASE + 3).
 TAG_BASE = 0x5053_0000
 _TAG_REQ, _TAG_PUSH, _TAG_PARAMS = TAG_BASE, TAG_BASE + 1, TAG_BASE + 2
-_PUSH, _PULL, _CLOSE = 1, 2, 3  # a request's kind (header[0])
+# A request's kind (header[0]). _PUSH_PULL: a push, and a pull answered right after it is
+# applied (a step that does both sends one request).
+_PUSH, _PULL, _CLOSE, _PUSH_PULL = 1, 2, 3, 4
 _TAG_DONE = TAG_BASE + 3  # a server to every worker: every worker has closed
 
 
@@ -169,16 +173,21 @@ class ParameterServer:
         self._stats = {"pushes_received": 0, "pushes_applied": 0, "pulls_answered": 0,
                        "staleness": {}}
         self._last_push: dict[int, int] = {}
+        self._answering: list[tuple[Any, Any]] = []  # (work, message) of answers in flight
         self._send_params(self.workers)  # every worker starts from the servers' parameters
 
     def _send_params(self, workers: list[int]) -> None:
+        """Sends the shard and its version to `workers` without waiting for them to take it
+        (a blocking send would hold every push behind the slowest puller); the message is a
+        copy, kept until its send completes."""
         import torch
 
         msg = torch.empty(8 + 4 * self.shard.numel(), dtype=torch.uint8)
         msg[:8].view(torch.int64)[0] = self.version
         msg[8:].view(torch.float32).copy_(self.shard)
+        self._answering = [(w, m) for w, m in self._answering if not w.is_completed()]
         for w in workers:
-            self.comm.send(msg, w, tag=_TAG_PARAMS)
+            self._answering.append((self.comm.isend(msg, w, tag=_TAG_PARAMS), msg))
 
     def serve(self, on_update: Any = None) -> None:
         """Applies pushes and answers pulls until every worker has closed (servers only).
@@ -196,7 +205,7 @@ class ParameterServer:
         while live:
             src = self.comm.recv(hdr, src=None, tag=_TAG_REQ)
             kind, version, nbytes, seq = (int(v) for v in hdr.tolist())
-            if kind == _PUSH:
+            if kind in (_PUSH, _PUSH_PULL):
                 payload = torch.empty(nbytes, dtype=torch.uint8)
                 self.comm.recv(payload, src=src, tag=_TAG_PUSH)  # the whole push, or an error
                 self._stats["pushes_received"] += 1
@@ -207,6 +216,9 @@ class ParameterServer:
                 self._apply(_Codec.decode(self.wire, payload, n), version)
                 if on_update is not None:
                     on_update(self.version, self.shard)
+                if kind == _PUSH_PULL:
+                    self._send_params([src])
+                    self._stats["pulls_answered"] += 1
             elif kind == _PULL:
                 self._send_params([src])
                 self._stats["pulls_answered"] += 1
@@ -215,6 +227,9 @@ class ParameterServer:
             else:
                 raise RuntimeError(f"ParameterServer: request of unknown kind {kind} from rank "
                                    f"{src}")
+        for work, _ in self._answering:
+            work.wait()
+        self._answering = []
         done = torch.ones(1, dtype=torch.int64)
         for w in self.workers:
             self.comm.send(done, w, tag=_TAG_DONE)
@@ -227,7 +242,7 @@ class ParameterServer:
             off = 0
             for g in self.shard_optimizer.param_groups:
                 for p in g["params"]:
-                    p.grad = grad[off:off + p.numel()].clone()
+                    p.grad = grad[off:off + p.numel()]  # a decoded push is its own tensor
                     off += p.numel()
             self.shard_optimizer.step()
         self.version += 1
@@ -246,19 +261,21 @@ class ParameterServer:
         self._pull: list[tuple[Any, Any]] | None = None  # per server: (work, message)
         self.waited_s = 0.0
         self._stats = {"pushes_sent": 0, "pulls": 0}
-        self._post_pull(request=False)  # the servers' initial parameters
+        self._pull = self._post_pull(request=False)  # the servers' initial parameters
         self._take_pull()
 
-    def _post_pull(self, request: bool = True) -> None:
+    def _post_pull(self, request: bool = True) -> list[tuple[Any, Any]]:
+        """Posts the receives of a pull's answers (per server: (work, message)), and asks for
+        them unless `request` is False (the servers send unasked, or a push asked)."""
         import torch
 
-        self._pull = []
+        pull = []
         for s, srv in enumerate(self.servers):
             msg = torch.empty(8 + 4 * (self.bounds[s + 1] - self.bounds[s]), dtype=torch.uint8)
             if request:
                 self._request(srv, _PULL, 0, 0)
-            self._pull.append((self.comm.irecv(msg, src=srv, tag=_TAG_PARAMS), msg))
-        self._stats["pulls"] += request
+            pull.append((self.comm.irecv(msg, src=srv, tag=_TAG_PARAMS), msg))
+        return pull
 
     def _take_pull(self) -> None:
         """Waits for the outstanding pull and copies its shards into the parameters."""
@@ -307,18 +324,24 @@ class ParameterServer:
         self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
         if self._pull is not None and all(w.is_completed() for w, _ in self._pull):
             self._take_pull()  # arrived: no wait
-        if self.steps % self.push_every == 0:
+        push, pull = self.steps % self.push_every == 0, self.steps % self.pull_every == 0
+        if push:
             g = self.acc / self.push_every
             self.acc.zero_()
             self.pushes += 1
+            kind = _PUSH_PULL if pull else _PUSH
             for s, srv in enumerate(self.servers):
                 payload = self.codecs[s].encode(g[self.bounds[s]:self.bounds[s + 1]])
-                self._request(srv, _PUSH, payload.numel(), self.pushes, computed_on[s])
+                self._request(srv, kind, payload.numel(), self.pushes, computed_on[s])
                 self._sending.append((self.comm.isend(payload, srv, tag=_TAG_PUSH), payload))
             self._stats["pushes_sent"] += 1
-        if self.steps % self.pull_every == 0:
-            self._take_pull()  # the last pull must be in before the next is asked
-            self._post_pull()
+        if pull:
+            # Answers arrive in the order asked: the new pull's receives may be posted before
+            # the last pull is taken, which is in before the new one.
+            new = self._post_pull(request=not push)
+            self._stats["pulls"] += 1
+            self._take_pull()
+            self._pull = new
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -398,4 +421,5 @@ class ParameterServer:
                 p.copy_(sd["params"][off:off + p.numel()].view_as(p))
                 off += p.numel()
         if sd["pulling"]:
-            self._post_pull()
+            self._pull = self._post_pull()
+            self._stats["pulls"] += 1
