@@ -3,6 +3,7 @@ validation loss, and the loss at the same number of samples, with a straggler or
 
     python bench/async.py [--setup straggler|slowlink] [--task digits|charlm] [--seeds 3]
                           [--steps 400] [--slow 2.0] [--device 3] [--rate 20mbit]
+                          [--ps-lr LR]
                           [--out PATH] [--replace]
 
 Setups:
@@ -119,7 +120,7 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
 
     from pyring.optim import ParameterServer
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.ps_lr, weight_decay=1e-4)
     ps = ParameterServer(opt, model.named_parameters(), servers=1, push_every=1,
                          pull_every=args.pull_every, wire=method.removeprefix("ps_"), comm=comm)
     pushes = args.steps * WORLD  # the synchronous methods' samples, in batches
@@ -293,6 +294,10 @@ def main() -> None:
                          "share (straggler: 3.0, slowlink: 0)")
     ap.add_argument("--rate", default="20mbit", help="slowlink: the link's rate")
     ap.add_argument("--pull-every", type=int, default=1, help="the workers' pull period")
+    ap.add_argument("--ps-lr", type=float, default=None,
+                    help="the servers' learning rate (default: --lr). A server takes an "
+                         "optimizer step per push, as many per sample as there are workers "
+                         "per synchronous step")
     ap.add_argument("--methods", default=",".join(METHODS),
                     help="a subset of the methods, comma-separated (sync always runs)")
     add_optimizer_args(ap)
@@ -310,6 +315,8 @@ def main() -> None:
             json.dump(doc, f, indent=1)
         print(json.dumps(doc["targets_met"], indent=1))
         return
+    if args.ps_lr is None:
+        args.ps_lr = args.lr
     if args.slow is None:
         args.slow = 2.0 if args.setup == "straggler" else 1.0
     if args.device is None:
@@ -359,8 +366,8 @@ def main() -> None:
               "task": args.task, "world": WORLD, "steps": args.steps, "slow": args.slow,
               "device": args.device, "ps_server": ("a fifth rank" if args.setup == "straggler"
                                                    else "the last of the 4 ranks"),
-              "lr": args.lr, "pull_every": args.pull_every, "link": link, "summary": summary,
-              "targets_met": targets, "runs": rows}
+              "lr": args.lr, "ps_lr": args.ps_lr, "pull_every": args.pull_every, "link": link,
+              "summary": summary, "targets_met": targets, "runs": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
