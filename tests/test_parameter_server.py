@@ -112,6 +112,40 @@ def test_every_push_is_applied_once():
         assert w["stats"]["pushes_sent"] == 50, w["stats"]
 
 
+def partial_grads_body(rank, world, store):
+    import pyring
+    from pyring.optim import ParameterServer
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ps = ParameterServer(opt, model.named_parameters(), comm=comm)
+    first = model[0].weight.detach().clone()
+    if ps.is_server:
+        ps.serve()
+        out = {"shard": ps.shard.clone(), "stats": ps.stats()}
+    else:
+        for t in range(6):
+            opt.zero_grad()
+            if t % 2:  # the last layer's gradients only: the first layer's .grad stay None
+                x, y = _batch(rank, t)
+                torch.nn.functional.mse_loss(model[2](torch.tanh(x[:, :16])), y).backward()
+            ps.step()  # even steps: no gradient at all
+        ps.close()
+        out = {"first": model[0].weight.detach().clone(), "last": model[2].weight.detach()
+               .clone(), "stats": ps.stats()}
+    comm.close()
+    return _plain({**out, "first_before": first, "last_before": _model()[2].weight.detach()})
+
+
+def test_parameters_without_gradients_push_zeros_and_keep_their_values():
+    res = run_ranks(2, partial_grads_body, timeout=120)
+    worker, server = res
+    assert server["stats"]["pushes_applied"] == 6, server["stats"]
+    assert (worker["first"] == worker["first_before"]).all()  # pushed zeros: SGD keeps it
+    assert not (worker["last"] == worker["last_before"]).all()  # its pushes were applied
+
+
 @pytest.mark.parametrize("wire", ["fp32", "bf16", "onebit"])
 def test_training_converges_on_every_wire(wire):
     # Without momentum: a server's updates of stale gradients already act as momentum, and

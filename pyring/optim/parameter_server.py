@@ -255,6 +255,8 @@ class ParameterServer:
         self.steps = 0
         self.pushes = 0
         self.acc = torch.zeros(self.n)
+        self._acc_views = self._views_of(self.acc)  # each parameter's part of the accumulator
+        self._on_cpu = bool(self.params) and all(p.device.type == "cpu" for p in self.params)
         self.codecs = [_Codec(self.wire, b - a) for a, b in zip(self.bounds, self.bounds[1:])]
         self.versions = [0] * len(self.servers)
         self._sending: list[tuple[Any, Any]] = []  # (work, the tensors it sends)
@@ -287,14 +289,24 @@ class ParameterServer:
         for work, _ in self._pull:
             work.wait()
         self.waited_s += time.monotonic() - t0
-        flat = torch.cat([msg[8:].view(torch.float32) for _, msg in self._pull])
+        shards = [msg[8:].view(torch.float32) for _, msg in self._pull]
+        flat = shards[0] if len(shards) == 1 else torch.cat(shards)
         self.versions = [int(msg[:8].view(torch.int64)[0]) for _, msg in self._pull]
         self._pull = None
-        off = 0
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(flat[off:off + p.numel()].view_as(p))
-                off += p.numel()
+            if self._on_cpu:
+                torch._foreach_copy_(self.params, self._views_of(flat))
+            else:
+                for p, v in zip(self.params, self._views_of(flat)):
+                    p.copy_(v)
+
+    def _views_of(self, flat: Any) -> list:
+        """Each parameter's part of `flat` (the parameters flattened in order), in its shape."""
+        views, off = [], 0
+        for p in self.params:
+            views.append(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        return views
 
     def _request(self, server: int, kind: int, nbytes: int, seq: int, version: int = 0) -> None:
         import torch
@@ -316,11 +328,13 @@ class ParameterServer:
                 loss = closure()
         self.steps += 1
         computed_on = list(self.versions)  # the parameters these gradients were computed on
-        off = 0
-        for p in self.params:
-            if p.grad is not None:
-                self.acc[off:off + p.numel()] += p.grad.detach().reshape(-1).float().cpu()
-            off += p.numel()
+        grads = [(a, p.grad.detach()) for a, p in zip(self._acc_views, self.params)
+                 if p.grad is not None]
+        if self._on_cpu and grads:
+            torch._foreach_add_([a for a, _ in grads], [g for _, g in grads])
+        else:
+            for a, g in grads:
+                a += g.cpu()
         self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
         if self._pull is not None and all(w.is_completed() for w, _ in self._pull):
             self._take_pull()  # arrived: no wait
