@@ -24,12 +24,13 @@ Methods, AdamW at a constant ``--lr`` from the same weights (bench/_tasks.py, pe
 - ``ps_fp32``, ``ps_onebit``: pyring.optim.ParameterServer, 1 server (the last rank), each
   push one worker's batch on that wire, a pull every ``--pull-every`` steps.
 Every method sees the same number of samples: the synchronous ones ``--steps`` steps of one
-batch per rank, the parameter server as many pushes of one batch (its workers stop once the
-server's version has reached that count). The parameters are copied with a clock reading at
-the same sample counts (every ``EVAL_EVERY`` synchronous steps: rank 0's, or the server's)
-and evaluated after the run. Reported per method: the validation loss against wall time and
-against samples, the time at which it first reaches the final loss of ``sync`` (seed by seed),
-and the final loss. Draws ``<out>.png`` (seed 0).
+batch per rank (each rank from its shard of the training set), the parameter server as many
+pushes of one batch (its workers stop once the server's version has reached that count; each
+draws from the whole training set, since a faster worker takes more batches). The parameters
+are copied with a clock reading at the same sample counts (every ``EVAL_EVERY`` synchronous
+steps: rank 0's, or the server's) and evaluated after the run. Reported per method: the
+validation loss against wall time and against samples, the time at which it first reaches the
+final loss of ``sync`` (seed by seed), and the final loss. Draws ``<out>.png`` (seed 0).
 Targets (issue 55), straggler: a parameter server or staleness 1-2 reaches the baseline's
 final loss >= 1.5x sooner on at least one task; the final loss at the same samples within the
 3-seed spread of ``sync`` on digits, within 1.1x of its mean on charlm.
@@ -136,11 +137,13 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
 
         ps.serve(on_update=seen)
         return snaps, ps.stats()
-    workers = world - 1
-    g = torch.Generator().manual_seed(args.seed)
+    # Each worker draws from the whole training set with its own generator: workers of
+    # unequal speed take unequal numbers of batches, and drawn from shards (as the synchronous
+    # ranks draw theirs, in equal numbers) the fastest worker's shard would outweigh the rest.
+    g = torch.Generator().manual_seed(args.seed * 1009 + 1 + rank)
     busy = 0.0
     while ps.versions[0] < pushes:
-        batch = task.batch(rank, workers, g)
+        batch = task.batch(0, 1, g)
         c0 = time.perf_counter()
         _backward(task, model, batch, opt, rank, args)
         ps.step()
