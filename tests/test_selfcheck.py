@@ -66,9 +66,11 @@ def test_quick_selfcheck(tmp_path):
     assert {("compute", 1), ("compute", 2), ("pyring", 2), ("ddp-gloo", 2)} <= set(rows)
     assert all(_positive(r["step_s"]) and _positive(r["speedup"]) for r in rows.values())
 
-    runs = steps["cpu_async"]["methods"]
-    assert steps["cpu_async"]["status"] == "ok" and set(runs) == {"sync", "ps_fp32"}
-    assert all(_positive(r["final_loss_mean"]) for r in runs.values())
+    assert steps["cpu_async"]["status"] == "ok"
+    assert set(steps["cpu_async"]["tasks"]) == {"digits", "charlm"}
+    for task in steps["cpu_async"]["tasks"].values():
+        assert set(task["methods"]) == {"sync", "ps_fp32"}, task
+        assert all(_positive(r["final_loss_mean"]) for r in task["methods"].values())
 
     assert len(doc["targets"]) == 7 and all("target" in t for t in doc["targets"])
     png = tmp_path / "selfcheck.png"
