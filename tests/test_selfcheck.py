@@ -67,7 +67,7 @@ def test_quick_selfcheck(tmp_path):
     assert all(_positive(r["step_s"]) and _positive(r["speedup"]) for r in rows.values())
 
     assert steps["cpu_async"]["status"] == "ok"
-    assert set(steps["cpu_async"]["tasks"]) == {"digits", "charlm"}
+    assert set(steps["cpu_async"]["tasks"]) == {"digits"}  # --quick: digits alone
     for task in steps["cpu_async"]["tasks"].values():
         assert set(task["methods"]) == {"sync", "ps_fp32"}, task
         assert all(_positive(r["final_loss_mean"]) for r in task["methods"].values())

@@ -324,7 +324,7 @@ def step_cpu_scaling(c: Check) -> dict[str, Any]:
 
 # bench/async.py's runs: digits, where the parameter server gained on the 2-core machine, and
 # the char-LM with the server at a quarter of the rate (one optimizer step per push, 4 workers:
-# docs/asynchronous.md).
+# docs/asynchronous.md). --quick runs digits alone.
 ASYNC_RUNS = (("digits", "--steps 400", ()), ("charlm", "--steps 200", ("--ps-lr", "0.00075")))
 
 
@@ -332,7 +332,7 @@ def step_cpu_async(c: Check) -> dict[str, Any]:
     size = ("--seeds 1 --methods sync,ps_fp32" if c.args.quick else
             "--seeds 3 --methods sync,ssp1,ps_fp32,ps_onebit").split()
     out: dict[str, Any] = {"tasks": {}, "values": {}}
-    for task, steps, extra in ASYNC_RUNS:
+    for task, steps, extra in ASYNC_RUNS[:1] if c.args.quick else ASYNC_RUNS:
         path = c.out / f"async_{task}.json"
         path.unlink(missing_ok=True)
         steps = ["--steps", "20"] if c.args.quick else steps.split()
