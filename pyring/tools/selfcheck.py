@@ -332,10 +332,10 @@ def step_cpu_async(c: Check) -> dict[str, Any]:
     size = ("--seeds 1 --methods sync,ps_fp32" if c.args.quick else
             "--seeds 3 --methods sync,ssp1,ps_fp32,ps_onebit").split()
     out: dict[str, Any] = {"tasks": {}, "values": {}}
-    for task, steps, extra in ASYNC_RUNS[:1] if c.args.quick else ASYNC_RUNS:
+    for task, full_steps, extra in ASYNC_RUNS[:1] if c.args.quick else ASYNC_RUNS:
         path = c.out / f"async_{task}.json"
         path.unlink(missing_ok=True)
-        steps = ["--steps", "20"] if c.args.quick else steps.split()
+        steps = ["--steps", "20"] if c.args.quick else full_steps.split()
         res = run([sys.executable, "bench/async.py", "--task", task, *size, *steps, *extra,
                    "--out", str(path)], c.left(360), child_env(CUDA_VISIBLE_DEVICES=""))
         doc = json.loads(path.read_text()) if path.exists() else {}
