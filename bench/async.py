@@ -123,7 +123,8 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.ps_lr, weight_decay=1e-4)
     ps = ParameterServer(opt, model.named_parameters(), servers=1, push_every=1,
-                         pull_every=args.pull_every, wire=method.removeprefix("ps_"), comm=comm)
+                         pull_every=args.pull_every, wire=method.removeprefix("ps_"), comm=comm,
+                         overlap_pull=not args.wait_pull)
     pushes = args.steps * WORLD  # the synchronous methods' samples, in batches
     every = EVAL_EVERY * WORLD
     snaps: list = []
@@ -297,6 +298,9 @@ def main() -> None:
                          "share (straggler: 3.0, slowlink: 0)")
     ap.add_argument("--rate", default="20mbit", help="slowlink: the link's rate")
     ap.add_argument("--pull-every", type=int, default=1, help="the workers' pull period")
+    ap.add_argument("--wait-pull", action="store_true",
+                    help="the parameter server's workers wait for each step's pull "
+                         "(overlap_pull=False) instead of taking it at the next step")
     ap.add_argument("--ps-lr", type=float, default=None,
                     help="the servers' learning rate (default: --lr). A server takes an "
                          "optimizer step per push, as many per sample as there are workers "
@@ -369,7 +373,8 @@ def main() -> None:
               "task": args.task, "world": WORLD, "steps": args.steps, "slow": args.slow,
               "device": args.device, "ps_server": ("a fifth rank" if args.setup == "straggler"
                                                    else "the last of the 4 ranks"),
-              "lr": args.lr, "ps_lr": args.ps_lr, "pull_every": args.pull_every, "link": link,
+              "lr": args.lr, "ps_lr": args.ps_lr, "pull_every": args.pull_every,
+              "wait_pull": args.wait_pull, "link": link,
               "summary": summary, "targets_met": targets, "runs": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

@@ -51,7 +51,7 @@ def _tensors(x):
 
 
 def train_body(rank, world, store, steps, servers, wire, push_every, pull_every, resume=None,
-               momentum=0.5):
+               momentum=0.5, overlap_pull=True):
     import pyring
     from pyring.optim import ParameterServer
 
@@ -59,7 +59,7 @@ def train_body(rank, world, store, steps, servers, wire, push_every, pull_every,
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     ps = ParameterServer(opt, model.named_parameters(), servers=servers, push_every=push_every,
-                         pull_every=pull_every, wire=wire, comm=comm)
+                         pull_every=pull_every, wire=wire, comm=comm, overlap_pull=overlap_pull)
     if resume is not None:
         ps.load_state_dict(_tensors(resume[rank]))
     out = {"server": ps.is_server}
@@ -155,6 +155,70 @@ def test_training_converges_on_every_wire(wire):
     for w in res[:2]:  # a held-out batch, on the parameters before and after
         assert w["val_end"] < 0.1 * w["val_start"], (wire, w["val_start"], w["val_end"])
     assert res[2]["stats"]["pushes_applied"] == 240
+
+
+@pytest.mark.parametrize("overlap_pull", [True, False])
+def test_a_worker_that_waits_for_its_pull_computes_on_its_own_last_push(overlap_pull):
+    # One worker: its gradients are computed on the parameters of the pull before last
+    # (overlapped: staleness 1 from its second push on), or of its last push (staleness 0).
+    res = run_ranks(2, train_body, 30, 1, "fp32", 1, 1, None, 0.0, overlap_pull, timeout=120)
+    stale = res[1]["stats"]["staleness"]
+    assert stale == ({0: 1, 1: 29} if overlap_pull else {0: 30}), stale
+    assert res[0]["val_end"] < res[0]["val_start"]
+
+
+def bad_argument_body(rank, world, store, kwargs):
+    import pyring
+    from pyring.optim import ParameterServer
+
+    comm = pyring.init(rank, world, store, set_default=False, timeout=60)
+    model = _model()
+    try:
+        ParameterServer(torch.optim.SGD(model.parameters(), lr=0.05), comm=comm, **kwargs)
+    except ValueError as e:
+        return str(e)
+    finally:
+        comm.close()
+    return None
+
+
+@pytest.mark.parametrize("kwargs,names", [
+    ({"overlap_pull": "yes"}, "overlap_pull"), ({"wire": "fp8"}, "wire"),
+    ({"servers": 2}, "servers"), ({"push_every": 0}, "push_every")])
+def test_bad_arguments_are_refused_naming_them(kwargs, names):
+    for err in run_ranks(2, bad_argument_body, kwargs, timeout=60):
+        assert err is not None and names in err, err
+
+
+def test_the_server_steps_with_the_fused_implementation_torch_offers():
+    from pyring.optim.parameter_server import _shard_optimizer
+
+    def groups(**kw):
+        return [{"params": [torch.nn.Parameter(torch.zeros(8))], "lr": 0.1,
+                 "weight_decay": 0.01, **kw}]
+
+    # Left to torch (the defaults): fused, one kernel per push.
+    adamw = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    opts = {k: v for k, v in adamw.param_groups[0].items() if k != "params"}
+    assert _shard_optimizer(torch.optim.AdamW, groups(**opts)).param_groups[0]["fused"] is True
+    # The user's choice stands.
+    chosen = _shard_optimizer(torch.optim.AdamW, groups(**{**opts, "foreach": False}))
+    assert chosen.param_groups[0]["fused"] is None
+    assert chosen.param_groups[0]["foreach"] is False
+    # A class without a fused implementation is built as it is.
+    rprop = torch.optim.Rprop(torch.nn.Linear(2, 2).parameters())
+    ropts = {k: v for k, v in rprop.param_groups[0].items() if k != "params"}
+    assert "fused" not in _shard_optimizer(torch.optim.Rprop, groups(**ropts)).param_groups[0]
+    # Fused and loop implementations take the same step, to rounding.
+    a, b = (_shard_optimizer(torch.optim.AdamW, groups(**o)) for o in
+            (opts, {**opts, "foreach": False}))
+    for _ in range(5):
+        for o in (a, b):
+            p = o.param_groups[0]["params"][0]
+            p.grad = torch.linspace(-1, 1, 8)
+            o.step()
+    pa, pb = (o.param_groups[0]["params"][0].detach() for o in (a, b))
+    assert torch.allclose(pa, pb, rtol=1e-5, atol=1e-7) and not torch.equal(pa, torch.zeros(8))
 
 
 def test_two_servers_split_the_parameters_by_bytes():

@@ -106,10 +106,24 @@ class _Codec:
         return out
 
 
+def _shard_optimizer(cls: Any, groups: list) -> Any:
+    """The server's optimizer over its shard: `cls` with each group's hyperparameters. Where
+    every group leaves the implementation to torch (``fused`` and ``foreach`` None), it takes
+    torch's fused one (a push's step is one kernel: AdamW on 9,610 values 34 us, against 64 us
+    for the loop torch picks on the CPU), or the class's own where torch offers no fused one."""
+    if groups and all(g.get("fused", False) is None and g.get("foreach", False) is None
+                      and not g.get("differentiable", False) for g in groups):
+        try:
+            return cls([{**g, "fused": True} for g in groups])
+        except (RuntimeError, ValueError, TypeError):
+            pass
+    return cls(groups)
+
+
 class ParameterServer:
     def __init__(self, optimizer: Any, named_parameters: Any = None, servers: int = 1,
                  push_every: int = 1, pull_every: int = 1, wire: str = "fp32",
-                 comm: Any = None) -> None:
+                 comm: Any = None, overlap_pull: bool = True) -> None:
         import torch
 
         self.comm = comm if comm is not None else default()
@@ -122,8 +136,12 @@ class ParameterServer:
                 raise ValueError(f"ParameterServer: {name} must be an int >= 1, got {v!r}")
         if wire not in WIRES:
             raise ValueError(f"ParameterServer: wire must be one of {WIRES}, got {wire!r}")
+        if not isinstance(overlap_pull, bool):
+            raise ValueError(f"ParameterServer: overlap_pull must be True or False, got "
+                             f"{overlap_pull!r}")
         self.optimizer = optimizer
         self.push_every, self.pull_every, self.wire = push_every, pull_every, wire
+        self.overlap_pull = overlap_pull
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         for i, p in enumerate(self.params):
             if p.dtype != torch.float32:
@@ -136,7 +154,8 @@ class ParameterServer:
                              f"but the optimizer holds {len(self.params)}")
         check_same_on_all_ranks(self.comm, "ParameterServer",
                                 [(f"{n!r}", describe(p)) for n, p in zip(names, self.params)]
-                                + [("servers", str(servers)), ("wire", wire)])
+                                + [("servers", str(servers)), ("wire", wire),
+                                   ("overlap_pull", str(overlap_pull))])
         self.n = sum(p.numel() for p in self.params)
         self.bounds = _shard_bounds(self.n, servers)
         self.servers = list(range(world - servers, world))
@@ -168,7 +187,7 @@ class ParameterServer:
                 groups.append({**opts, "params": [
                     torch.nn.Parameter(self.shard[a - self.lo:b - self.lo], requires_grad=True)]})
             off += k
-        self.shard_optimizer = type(self.optimizer)(groups) if groups else None
+        self.shard_optimizer = _shard_optimizer(type(self.optimizer), groups) if groups else None
         self.version = 0
         self._stats = {"pushes_received": 0, "pushes_applied": 0, "pulls_answered": 0,
                        "staleness": {}}
@@ -356,6 +375,8 @@ class ParameterServer:
             self._stats["pulls"] += 1
             self._take_pull()
             self._pull = new
+            if not self.overlap_pull:
+                self._take_pull()  # the parameters with this push applied
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
