@@ -19,14 +19,20 @@ values) to every worker, so every worker starts from the servers' parameters.
 - A worker's ``step()`` adds the gradients to an accumulator. Every ``push_every`` steps it
   sends each server its shard of their mean (a push), encoded on ``wire`` with an error-feedback
   residual per server kept on the worker. Every ``pull_every`` steps it asks every server for
-  its shard (a pull) and takes the answer into the model when it has arrived, at the latest at
-  the next pull, which is the only time a step waits. A step that pushes and pulls sends one
-  request: the server answers the pull right after applying the push.
+  its shard (a pull). With ``overlap_pull`` (the default) it takes the answer into the model
+  when it has arrived, at the latest at the next pull, which is the only time a step waits: the
+  round trip overlaps a step, and the gradients are computed on the parameters of the pull
+  before last. Without, the step waits for its own pull: a round trip's wait a step, and the
+  gradients are computed on the parameters with this worker's last push applied (with W
+  workers pushing every step, a push is about W - 1 versions stale, against about 2W - 1). A
+  step that pushes and pulls sends one request: the server answers the pull right after
+  applying the push.
 - A server's ``serve()`` applies each push as it arrives: the push's gradient is the shard's
   ``grad`` for one ``step()`` of a copy of the wrapped optimizer's class and hyperparameters over
-  the shard. It answers each pull with its shard and its version (the pushes applied so far),
-  and returns once every worker has called ``close()`` (which returns then too). It sends its
-  answers without waiting for the workers to take them, so a slow puller holds no push back.
+  the shard (torch's fused implementation where the user left that choice to torch). It
+  answers each pull with its shard and its version (the pushes applied so far), and returns
+  once every worker has called ``close()`` (which returns then too). It sends its answers
+  without waiting for the workers to take them, so a slow puller holds no push back.
 - Staleness of a push: the server's version when it applies it, minus the version of the
   parameters the worker computed it on.
 - A push is applied only once its whole payload has arrived: a worker that dies mid-push has
