@@ -22,7 +22,10 @@ Methods, AdamW at a constant ``--lr`` from the same weights (bench/_tasks.py, pe
 - ``sync``: pyring.DistributedOptimizer (float32), the synchronous baseline;
 - ``ssp1``, ``ssp2``: the same with staleness=1 and 2 (stale-synchronous parallel);
 - ``ps_fp32``, ``ps_onebit``: pyring.optim.ParameterServer, 1 server (the last rank), each
-  push one worker's batch on that wire, a pull every ``--pull-every`` steps.
+  push one worker's batch on that wire, a pull every ``--pull-every`` steps that the step waits
+  for (the default);
+- ``ps_fp32_overlap``, ``ps_onebit_overlap``: the same with each pull taken at the next step
+  (overlap_pull=True).
 Every method sees the same number of samples: the synchronous ones ``--steps`` steps of one
 batch per rank (each rank from its shard of the training set), the parameter server as many
 pushes of one batch (its workers stop once the server's version has reached that count; each
@@ -48,7 +51,9 @@ import time
 from _results import add_replace_flag, result_path
 
 EVAL_EVERY = 20
-METHODS = ("ddp_gloo", "sync", "ssp1", "ssp2", "ps_fp32", "ps_onebit")
+METHODS = ("ddp_gloo", "sync", "ssp1", "ssp2", "ps_fp32", "ps_onebit", "ps_fp32_overlap",
+           "ps_onebit_overlap")
+OVERLAP = "_overlap"  # a parameter server method whose workers take each pull a step later
 WORLD = 4
 
 
@@ -122,9 +127,10 @@ def _ps_run(method: str, task, model, rank: int, world: int, comm, args) -> tupl
     from pyring.optim import ParameterServer
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.ps_lr, weight_decay=1e-4)
+    wire = method.removeprefix("ps_").removesuffix(OVERLAP)
     ps = ParameterServer(opt, model.named_parameters(), servers=1, push_every=1,
-                         pull_every=args.pull_every, wire=method.removeprefix("ps_"), comm=comm,
-                         overlap_pull=not args.wait_pull)
+                         pull_every=args.pull_every, wire=wire, comm=comm,
+                         overlap_pull=method.endswith(OVERLAP))
     pushes = args.steps * WORLD  # the synchronous methods' samples, in batches
     every = EVAL_EVERY * WORLD
     snaps: list = []
@@ -298,9 +304,6 @@ def main() -> None:
                          "share (straggler: 3.0, slowlink: 0)")
     ap.add_argument("--rate", default="20mbit", help="slowlink: the link's rate")
     ap.add_argument("--pull-every", type=int, default=1, help="the workers' pull period")
-    ap.add_argument("--wait-pull", action="store_true",
-                    help="the parameter server's workers wait for each step's pull "
-                         "(overlap_pull=False) instead of taking it at the next step")
     ap.add_argument("--ps-lr", type=float, default=None,
                     help="the servers' learning rate (default: --lr). A server takes an "
                          "optimizer step per push, as many per sample as there are workers "
@@ -373,8 +376,7 @@ def main() -> None:
               "task": args.task, "world": WORLD, "steps": args.steps, "slow": args.slow,
               "device": args.device, "ps_server": ("a fifth rank" if args.setup == "straggler"
                                                    else "the last of the 4 ranks"),
-              "lr": args.lr, "ps_lr": args.ps_lr, "pull_every": args.pull_every,
-              "wait_pull": args.wait_pull, "link": link,
+              "lr": args.lr, "ps_lr": args.ps_lr, "pull_every": args.pull_every, "link": link,
               "summary": summary, "targets_met": targets, "runs": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

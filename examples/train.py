@@ -94,7 +94,7 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
 
         pyring.broadcast_parameters(model, src=0)
         ps = ParameterServer(opt, model.named_parameters(), servers=args.servers, wire=args.wire,
-                             overlap_pull=not args.wait_pull)
+                             overlap_pull=args.overlap_pull)
         net = model
     elif args.sync == "pyring":
         pyring.broadcast_parameters(model, src=0)
@@ -179,7 +179,7 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
               f"float32 gradients), {world} ranks x batch {args.batch} x seq {args.seq}, "
               f"sync={args.sync}, device={device.type}, threads/rank={args.threads}"
               + (f", mode=ps ({args.servers} server(s), wire {args.wire}"
-                 f"{', waiting for each pull' if args.wait_pull else ''})"
+                 f"{', pulls overlapped' if args.overlap_pull else ''})"
                  if ps is not None else ""))
         if ps is not None:
             print(f"ps           {ps.stats()}")
@@ -207,9 +207,8 @@ def train(rank: int, world: int, store: Any, args: argparse.Namespace) -> None:
             print("comm busy    not measured (gloo's works expose no timing)")
         if args.json:
             Path(args.json).write_text(json.dumps({
-                "sync": args.sync, "mode": args.mode, "wait_pull": args.wait_pull, "world": world,
-                "steps": args.steps,
-                "params": n_params,
+                "sync": args.sync, "mode": args.mode, "overlap_pull": args.overlap_pull,
+                "world": world, "steps": args.steps, "params": n_params,
                 "device": str(device), "ranks_per_gpu": args.ranks_per_gpu,
                 "threads_per_rank": args.threads, "train_loss_first": first,
                 "train_loss_last": last, "val_loss": vl, "tokens_per_s": rate * args.seq,
@@ -238,9 +237,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--servers", type=int, default=1, help="--mode ps: ranks serving")
     p.add_argument("--wire", default="fp32", help="--mode ps: the pushes' wire (fp32, fp16, "
                    "bf16, onebit)")
-    p.add_argument("--wait-pull", action="store_true",
-                   help="--mode ps: each step waits for its pull (overlap_pull=False): fresher "
-                   "parameters, a round trip's wait")
+    p.add_argument("--overlap-pull", action="store_true",
+                   help="--mode ps: each pull is taken at the next step (overlap_pull=True) "
+                   "instead of waited for: for links whose round trip outlasts a step")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=128)
@@ -268,8 +267,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--ranks-per-gpu must be >= 1")
     if args.mode == "ps" and args.sync != "pyring":
         p.error("--mode ps runs on --sync pyring")
-    if args.wait_pull and args.mode != "ps":
-        p.error("--wait-pull is a --mode ps flag")
+    if args.overlap_pull and args.mode != "ps":
+        p.error("--overlap-pull is a --mode ps flag")
     gpus = gpu_count()
     if args.cpu or args.device == "auto":
         args.device = "cuda" if gpus and not args.cpu else "cpu"

@@ -19,14 +19,14 @@ values) to every worker, so every worker starts from the servers' parameters.
 - A worker's ``step()`` adds the gradients to an accumulator. Every ``push_every`` steps it
   sends each server its shard of their mean (a push), encoded on ``wire`` with an error-feedback
   residual per server kept on the worker. Every ``pull_every`` steps it asks every server for
-  its shard (a pull). With ``overlap_pull`` (the default) it takes the answer into the model
-  when it has arrived, at the latest at the next pull, which is the only time a step waits: the
-  round trip overlaps a step, and the gradients are computed on the parameters of the pull
-  before last. Without, the step waits for its own pull: a round trip's wait a step, and the
-  gradients are computed on the parameters with this worker's last push applied (with W
-  workers pushing every step, a push is about W - 1 versions stale, against about 2W - 1). A
-  step that pushes and pulls sends one request: the server answers the pull right after
-  applying the push.
+  its shard (a pull). By default the step waits for its pull, so that the next gradients are
+  computed on the parameters with this worker's last push applied: a round trip's wait a step
+  (with W workers pushing every step, a push is about W - 1 versions stale). With
+  ``overlap_pull=True`` it takes the answer into the model when it has arrived, at the latest at
+  the next pull, which is then the only time a step waits: the round trip overlaps a step, for
+  links where it lasts longer than one, and a push is about 2W - 1 versions stale. A step that
+  pushes and pulls sends one request: the server answers the pull right after applying the
+  push.
 - A server's ``serve()`` applies each push as it arrives: the push's gradient is the shard's
   ``grad`` for one ``step()`` of a copy of the wrapped optimizer's class and hyperparameters over
   the shard (torch's fused implementation where the user left that choice to torch). It
@@ -35,7 +35,10 @@ values) to every worker, so every worker starts from the servers' parameters.
   without waiting for the workers to take them, so a slow puller holds no push back.
 - Staleness of a push: the server's version when it applies it, minus the version of the
   parameters the worker computed it on.
-- A push is applied only once its whole payload has arrived: a worker that dies mid-push has
+- A push is applied only once its whole payload has arrived. A worker sends a push's payload
+  before its request (on one link a peer's messages arrive in the order sent), so the server
+  meets a request only once its payload is in, and never waits on one worker's payload while
+  another's request waits. A worker that dies mid-push, before its request or mid-payload, has
   its push dropped, and its death ends the job on every rank with the communicator's errors.
 - Messages use the point-to-point links with tags from ``TAG_BASE`` (user tags there would
   collide); a rank's messages to one peer on one tag arrive in order.
@@ -129,7 +132,7 @@ def _shard_optimizer(cls: Any, groups: list) -> Any:
 class ParameterServer:
     def __init__(self, optimizer: Any, named_parameters: Any = None, servers: int = 1,
                  push_every: int = 1, pull_every: int = 1, wire: str = "fp32",
-                 comm: Any = None, overlap_pull: bool = True) -> None:
+                 comm: Any = None, overlap_pull: bool = False) -> None:
         import torch
 
         self.comm = comm if comm is not None else default()
@@ -232,7 +235,7 @@ class ParameterServer:
             kind, version, nbytes, seq = (int(v) for v in hdr.tolist())
             if kind in (_PUSH, _PUSH_PULL):
                 payload = torch.empty(nbytes, dtype=torch.uint8)
-                self.comm.recv(payload, src=src, tag=_TAG_PUSH)  # the whole push, or an error
+                self.comm.recv(payload, src=src, tag=_TAG_PUSH)  # in before its request
                 self._stats["pushes_received"] += 1
                 if seq <= self._last_push.get(src, 0):
                     raise RuntimeError(f"ParameterServer: push {seq} from rank {src} after its "
@@ -371,8 +374,11 @@ class ParameterServer:
             kind = _PUSH_PULL if pull else _PUSH
             for s, srv in enumerate(self.servers):
                 payload = self.codecs[s].encode(g[self.bounds[s]:self.bounds[s + 1]])
-                self._request(srv, kind, payload.numel(), self.pushes, computed_on[s])
+                # The payload before its request: a request then means the whole push is in,
+                # and the server never waits on one worker's payload (over a slow link) while
+                # another's request waits.
                 self._sending.append((self.comm.isend(payload, srv, tag=_TAG_PUSH), payload))
+                self._request(srv, kind, payload.numel(), self.pushes, computed_on[s])
             self._stats["pushes_sent"] += 1
         if pull:
             # Answers arrive in the order asked: the new pull's receives may be posted before

@@ -329,8 +329,8 @@ ASYNC_RUNS = (("digits", "--steps 400", ()), ("charlm", "--steps 200", ("--ps-lr
 
 
 def step_cpu_async(c: Check) -> dict[str, Any]:
-    size = ("--seeds 1 --methods sync,ps_fp32" if c.args.quick else
-            "--seeds 3 --methods sync,ssp1,ps_fp32,ps_onebit").split()
+    size = ("--seeds 1 --methods sync,ps_fp32,ps_fp32_overlap" if c.args.quick else
+            "--seeds 3 --methods sync,ssp1,ps_fp32,ps_fp32_overlap,ps_onebit").split()
     out: dict[str, Any] = {"tasks": {}, "values": {}}
     for task, full_steps, extra in ASYNC_RUNS[:1] if c.args.quick else ASYNC_RUNS:
         path = c.out / f"async_{task}.json"
