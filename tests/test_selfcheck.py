@@ -69,7 +69,7 @@ def test_quick_selfcheck(tmp_path):
     assert steps["cpu_async"]["status"] == "ok"
     assert set(steps["cpu_async"]["tasks"]) == {"digits"}  # --quick: digits alone
     for task in steps["cpu_async"]["tasks"].values():
-        assert set(task["methods"]) == {"sync", "ps_fp32"}, task
+        assert set(task["methods"]) == {"sync", "ps_fp32", "ps_fp32_overlap"}, task
         assert all(_positive(r["final_loss_mean"]) for r in task["methods"].values())
 
     assert len(doc["targets"]) == 7 and all("target" in t for t in doc["targets"])
