@@ -52,6 +52,7 @@ from train_launch import (
 
 import pyring
 from pyring.launch import run_ranks
+from pyring.optim.compression import WIRES
 from pyring.tools.workload import CharGPT, get_batch, load_corpus
 
 SYNCS = ("pyring", "ddp-pyring", "ddp-gloo")
@@ -235,8 +236,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=MODES, default="sync",
                    help="ps: a parameter server (the last --servers ranks), with --sync pyring")
     p.add_argument("--servers", type=int, default=1, help="--mode ps: ranks serving")
-    p.add_argument("--wire", default="fp32", help="--mode ps: the pushes' wire (fp32, fp16, "
-                   "bf16, onebit)")
+    p.add_argument("--wire", default="fp32", choices=WIRES,
+                   help="--mode ps: the pushes' wire")
     p.add_argument("--overlap-pull", action="store_true",
                    help="--mode ps: each pull is taken at the next step (overlap_pull=True) "
                    "instead of waited for: for links whose round trip outlasts a step")

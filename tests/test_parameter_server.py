@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyring.launch import run_ranks
+from pyring.optim.compression import WIRES
 
 DIM = 40
 
@@ -146,7 +147,7 @@ def test_parameters_without_gradients_push_zeros_and_keep_their_values():
     assert not (worker["last"] == worker["last_before"]).all()  # its pushes were applied
 
 
-@pytest.mark.parametrize("wire", ["fp32", "bf16", "onebit"])
+@pytest.mark.parametrize("wire", WIRES)
 def test_training_converges_on_every_wire(wire):
     # Without momentum: a server's updates of stale gradients already act as momentum, and
     # momentum 0.5 on top left 0.006 to 0.58 of the starting loss over 15 runs under a CPU load,

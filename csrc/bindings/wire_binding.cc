@@ -6,6 +6,7 @@
 #include "bindings/bindings.h"
 #include "bindings/device_call.h"
 #include "codecs/codec.h"
+#include "codecs/message.h"
 #include "collectives/codec_flat.h"
 #include "collectives/compressed.h"
 #include "core/errors.h"
@@ -39,6 +40,34 @@ void register_wire(CommunicatorClass& cls, py::module_& m) {
       [](const std::string& wire, size_t n) { return codec_of(wire_named(wire)).encoded_bytes(n); },
       py::arg("wire"), py::arg("n"),
       "Bytes of the wire's encoding of n values (the most: onebit).");
+  m.def(
+      "wire_message_max_bytes",
+      [](const std::string& wire, size_t n) { return message_max_bytes(wire_named(wire), n); },
+      py::arg("wire"), py::arg("n"), "The most bytes one message of n values takes on the wire.");
+  m.def(
+      "wire_encode_message",
+      [](const std::string& wire, uintptr_t in, uintptr_t residual, size_t n, uintptr_t out) {
+        const Wire w = wire_named(wire);
+        py::gil_scoped_release nogil;
+        return encode_message(w, reinterpret_cast<const float*>(in),
+                              reinterpret_cast<float*>(residual), n,
+                              reinterpret_cast<uint8_t*>(out));
+      },
+      py::arg("wire"), py::arg("inp"), py::arg("residual"), py::arg("n"), py::arg("out"),
+      "Encodes n float32 at inp (+ the float32 residual, 0: none, which keeps what the encoding "
+      "dropped) into out (room for wire_message_max_bytes); returns the bytes written "
+      "(codecs/message.h).");
+  m.def(
+      "wire_decode_message",
+      [](const std::string& wire, uintptr_t enc, size_t bytes, size_t n, uintptr_t out) {
+        const Wire w = wire_named(wire);
+        py::gil_scoped_release nogil;
+        decode_message(w, reinterpret_cast<const uint8_t*>(enc), bytes, n,
+                       reinterpret_cast<float*>(out));
+      },
+      py::arg("wire"), py::arg("enc"), py::arg("bytes"), py::arg("n"), py::arg("out"),
+      "Decodes a message of `bytes` bytes into n float32 at out; raises CommError when its size "
+      "is not an encoding of n values on the wire (codecs/message.h).");
   m.def("_codec_segments", &codec_segments, py::arg("widest"), py::arg("slowest_bytes_per_s"),
         "Segments per chunk of the generic codec schedule (collectives/codec_flat.h).");
   py::class_<WireState, std::shared_ptr<WireState>>(m, "WireState")

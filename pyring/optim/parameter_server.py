@@ -17,8 +17,9 @@ the same model and optimizer; at construction each server sends its shard (its o
 values) to every worker, so every worker starts from the servers' parameters.
 
 - A worker's ``step()`` adds the gradients to an accumulator. Every ``push_every`` steps it
-  sends each server its shard of their mean (a push), encoded on ``wire`` with an error-feedback
-  residual per server kept on the worker. Every ``pull_every`` steps it asks every server for
+  sends each server its shard of their mean (a push), encoded on ``wire`` (any wire of the codec
+  registry, ``pyring.optim.compression.WIRES``) with an error-feedback residual per server kept
+  on the worker. Every ``pull_every`` steps it asks every server for
   its shard (a pull). By default the step waits for its pull, so that the next gradients are
   computed on the parameters with this worker's last push applied: a round trip's wait a step
   (with W workers pushing every step, a push is about W - 1 versions stale). With
@@ -60,9 +61,8 @@ from typing import Any
 from .. import _C
 from ..api import default
 from ..runtime.agree import check_same_on_all_ranks, describe
+from .compression import check_wire
 
-#: The wires a push may travel on: float32 as it is, halved, or one bit per value.
-WIRES = ("fp32", "fp16", "bf16", "onebit")
 #: The first of the point-to-point tags the parameter server uses (TAG_BASE .. TAG_BASE + 3).
 TAG_BASE = 0x5053_0000
 _TAG_REQ, _TAG_PUSH, _TAG_PARAMS = TAG_BASE, TAG_BASE + 1, TAG_BASE + 2
@@ -78,40 +78,29 @@ def _shard_bounds(n: int, servers: int) -> list[int]:
 
 
 class _Codec:
-    """One push's encoding of float32 values on a wire, with error feedback per destination."""
+    """One push's encoding of float32 values on a wire of the codec registry, with error
+    feedback per destination in float32 (codecs/message.h)."""
 
     def __init__(self, wire: str, n: int) -> None:
         import torch
 
         self.wire = wire
         self.residual = torch.zeros(n)
+        self.out = torch.empty(max(1, _C.wire_message_max_bytes(wire, n)), dtype=torch.uint8)
 
     def encode(self, g: Any) -> Any:
         """The payload (uint8) for g + the residual; keeps the new residual."""
-        import torch
-
-        if self.wire == "fp32":
-            return g.contiguous().view(torch.uint8).clone()
-        if self.wire in ("fp16", "bf16"):
-            v = g + self.residual
-            q = v.to(torch.float16 if self.wire == "fp16" else torch.bfloat16)
-            self.residual = v - q.float()
-            return q.view(torch.uint8).clone()
         g = g.contiguous()
-        out = torch.empty(max(1, _C.onebit_max_bytes(g.numel())), dtype=torch.uint8)
-        k = _C.onebit_encode(g.data_ptr(), self.residual.data_ptr(), g.numel(), out.data_ptr())
-        return out[:k].clone()
+        k = _C.wire_encode_message(self.wire, g.data_ptr(), self.residual.data_ptr(), g.numel(),
+                                   self.out.data_ptr())
+        return self.out[:k].clone()
 
     @staticmethod
     def decode(wire: str, payload: Any, n: int) -> Any:
         import torch
 
-        if wire == "fp32":
-            return payload.view(torch.float32)
-        if wire in ("fp16", "bf16"):
-            return payload.view(torch.float16 if wire == "fp16" else torch.bfloat16).float()
         out = torch.empty(n)
-        _C.onebit_decode(payload.data_ptr(), n, 1.0, False, out.data_ptr())
+        _C.wire_decode_message(wire, payload.data_ptr(), payload.numel(), n, out.data_ptr())
         return out
 
 
@@ -143,8 +132,7 @@ class ParameterServer:
         for name, v in (("push_every", push_every), ("pull_every", pull_every)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"ParameterServer: {name} must be an int >= 1, got {v!r}")
-        if wire not in WIRES:
-            raise ValueError(f"ParameterServer: wire must be one of {WIRES}, got {wire!r}")
+        check_wire(wire, "ParameterServer")
         if not isinstance(overlap_pull, bool):
             raise ValueError(f"ParameterServer: overlap_pull must be True or False, got "
                              f"{overlap_pull!r}")
