@@ -371,6 +371,68 @@ def test_a_message_that_arrived_before_its_sender_closed_is_received(transport):
     assert late is not None and "the link is broken" in late, late
 
 
+def _any_source_and_a_failed_peer(rank, world, store, transport):
+    """Rank 3 sends and closes cleanly, rank 2 dies, rank 1 keeps sending: rank 0's receives
+    from any source (p2p.h's rule)."""
+    import os
+    import signal
+
+    comm = _init(rank, world, store, transport=transport, timeout=20, set_default=False)
+    if rank == 3:
+        comm.send(torch.ones(1), 0, 1)
+        comm.close()
+        return None
+    if rank == 2:
+        comm.recv(torch.empty(1), 0, 8)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:
+        time.sleep(1.0)
+        for tag in (2, 4, 5):
+            comm.send(torch.full((1,), float(tag)), 0, tag)
+        comm.recv(torch.empty(1), 0, 9)
+        comm.close()
+        return None
+    out = {}
+    time.sleep(0.5)
+    # A peer that closed cleanly has not failed: what it sent is received, and a receive from
+    # any source still waits for the others.
+    out["closed"] = comm.recv(torch.empty(1), None, 1)
+    out["after_close"] = comm.recv(torch.empty(1), None, 2)
+    comm.send(torch.ones(1), 2, 8)  # rank 2 dies now
+    t0 = time.monotonic()
+    try:
+        comm.recv(torch.empty(1), None, 3)  # pending when rank 2 dies
+        out["pending"] = "no error"
+    except pyring.CommError as e:
+        out["pending"] = str(e)
+    out["pending_s"] = time.monotonic() - t0
+    out["held"] = comm.recv(torch.empty(1), None, 4)  # arrived whole before: still received
+    t0 = time.monotonic()
+    try:
+        comm.recv(torch.empty(1), None, 4)  # posted after the death, nothing held
+        out["later"] = "no error"
+    except pyring.CommError as e:
+        out["later"] = str(e)
+    out["later_s"] = time.monotonic() - t0
+    got = torch.empty(1)
+    out["from_one"] = (comm.recv(got, 1, 5), float(got))  # a live peer still talks
+    comm.send(torch.ones(1), 1, 9)
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receive_from_any_source_fails_when_a_peer_dies_not_when_one_closes(transport):
+    out = run_ranks(4, _any_source_and_a_failed_peer, transport, timeout=120,
+                    allow_failures=True)[0]
+    assert out["closed"] == 3 and out["after_close"] == 1, out
+    for k in ("pending", "later"):
+        assert out[k].startswith("recv from any rank with tag") and "rank 2 failed" in out[k], out
+    assert out["pending_s"] < 5, out  # at once, not at the 20 s deadline
+    assert out["later_s"] < 1, out
+    assert out["held"] == 1 and out["from_one"] == (1, 5.0), out
+
+
 def _argument_types(rank, world, store):
     import numpy as np
 

@@ -15,6 +15,9 @@ namespace pyring {
 namespace {
 constexpr uint32_t kFrameMagic = 0x50325052;  // "RP2P"
 constexpr auto kExpireEvery = std::chrono::milliseconds(1);
+// How long close() drives its kClosing frames out: a peer whose inbox stays full meanwhile
+// takes this rank's close for a failure.
+constexpr auto kGoodbyeTime = std::chrono::milliseconds(50);
 
 std::string where(const P2pAddress& a, bool is_send) {
   std::string peer = a.peer < 0 ? std::string("any rank") : str_cat("rank ", a.peer);
@@ -158,6 +161,12 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, const P2pAddress
   }
   // What arrived whole before the link broke (or before the peer gave up) was claimable
   // above; nothing more comes.
+  for (int i = 0; from.peer < 0 && i < size(); ++i) {
+    if (auto err = failed_for_any_source_locked(i, from)) {
+      --in_flight_;
+      std::rethrow_exception(err);
+    }
+  }
   if (from.peer >= 0) {
     const Peer& p = peers_[static_cast<size_t>(from.peer)];
     if (!p.broken.empty()) {
@@ -190,6 +199,11 @@ void P2pEngine::on_frame_locked(int peer) {
   const P2pFrame f = peers_[static_cast<size_t>(peer)].incoming;
   PYRING_CHECK(f.magic == kFrameMagic, CommError, "point-to-point stream from rank ", peer,
                " is corrupt (bad frame)");
+  if (f.context == static_cast<uint8_t>(P2pContext::kControl) && f.kind == kClosing) {
+    peers_[static_cast<size_t>(peer)].said_goodbye = true;
+    post_frame_recv_locked(peer);
+    return;
+  }
   std::shared_ptr<Op> match;
   for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
     if (accepts((*it)->addr, peer, f)) {
@@ -373,6 +387,46 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   for (auto it = held_.begin(); it != held_.end();) {
     it = (*it)->peer == peer && !(*it)->complete ? held_.erase(it) : std::next(it);
   }
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    auto err = (*it)->addr.peer < 0 ? failed_for_any_source_locked(peer, (*it)->addr) : nullptr;
+    if (err) {
+      finish_locked(*it, err);
+      it = recvs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::exception_ptr P2pEngine::failed_for_any_source_locked(int peer, const P2pAddress& a) {
+  const Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.link || p.broken.empty() || (p.said_goodbye && !p.gave_up)) return nullptr;
+  return error<CommError>(where(a, false), ": rank ", peer, " failed (", p.broken,
+                          "); a receive from any source cannot tell whether its message would "
+                          "have come from it");
+}
+
+void P2pEngine::say_goodbye_locked() {
+  goodbye_ =
+      P2pFrame{kFrameMagic, static_cast<uint8_t>(P2pContext::kControl), kClosing, 0, 0, 0, 0};
+  std::vector<size_t> to;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.link || !p.broken.empty()) continue;
+    p.link->post_send(reinterpret_cast<const uint8_t*>(&goodbye_), sizeof(P2pFrame));
+    p.posted_bytes += sizeof(P2pFrame);
+    to.push_back(i);
+  }
+  const auto until = Clock::now() + kGoodbyeTime;
+  for (;;) {
+    bool left = true;
+    for (size_t i : to) {
+      const Peer& p = peers_[i];
+      left &= !p.broken.empty() || p.link->bytes_sent() >= p.posted_bytes;
+    }
+    if (left || Clock::now() >= until) return;
+    if (!progress_locked()) cpu_relax();
+  }
 }
 
 void P2pEngine::close(const std::string& why) {
@@ -396,6 +450,7 @@ void P2pEngine::close(const std::string& why) {
   for (const auto& op : recvs_) fail(op);
   recvs_.clear();
   held_.clear();
+  if (abort_cause_.empty()) say_goodbye_locked();
   for (auto& p : peers_) {
     if (p.link) p.link->announce_closed();
   }

@@ -16,6 +16,12 @@
 // - An op still pending at its deadline fails with TimeoutError naming the peer and the tag. A
 //   send that times out, and any error on a link, break the link to that peer: later ops with
 //   that peer fail with CommError.
+// - A peer has failed when its link broke other than after it closed its engine cleanly (close()
+//   sends each working peer a kClosing frame first; a rank that announced an abort sends none).
+//   A receive from any source fails with CommError naming the failed peer, at once if it is
+//   pending then, and at its posting after that unless a message that arrived whole matches
+//   it: no message from that peer can come, and the receive cannot tell whether one would have
+//   (ULFM's rule for MPI_ANY_SOURCE, without its acknowledgement).
 #pragma once
 
 #include <atomic>
@@ -44,6 +50,7 @@ namespace pyring {
 // gave up), which no receive matches.
 enum class P2pContext : uint8_t { kUser = 0, kCollective = 1, kControl = 2 };
 constexpr uint8_t kAbortCause = 1;
+constexpr uint8_t kClosing = 2;  // kControl, no payload: the sender's engine closes cleanly
 
 struct P2pFrame {
   uint32_t magic;
@@ -111,8 +118,9 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   struct Held;
   struct Peer {
     Link* link = nullptr;
-    std::string broken;    // why the link is unusable; empty while it works
-    bool gave_up = false;  // its abort cause has arrived: no more collective data comes
+    std::string broken;         // why the link is unusable; empty while it works
+    bool gave_up = false;       // its abort cause has arrived: no more collective data comes
+    bool said_goodbye = false;  // its kClosing frame has arrived
     P2pFrame incoming{};
     uint64_t posted_bytes = 0;                // frames and payloads queued for sending, ever
     std::deque<std::shared_ptr<Op>> sends;    // in posting order
@@ -135,6 +143,12 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   // collective receives from it fail with PeerLost (gave_up), whose handler relays the cause
   // held beside them instead of waiting out the deadline.
   void fail_collective_recvs_locked(int peer);
+  // The failure of `peer` (Peer::broken), for receives from any source; null while it has not
+  // failed (its link works, or it closed cleanly).
+  std::exception_ptr failed_for_any_source_locked(int peer, const P2pAddress& a);
+  // Sends kClosing to every working peer and drives the links until it has left, for at most
+  // kGoodbyeTime; close()'s, after it failed the pending ops.
+  void say_goodbye_locked();
   void finish_locked(const std::shared_ptr<Op>& op, std::exception_ptr error);
   // Whether every live link finds polling for spin_us worthwhile (Link::spin_worthwhile).
   bool spin_worthwhile_locked();
@@ -177,6 +191,7 @@ class P2pEngine : public std::enable_shared_from_this<P2pEngine> {
   bool parked_ = false;              // the thread waits on idle_cv_; guarded by idle_mu_
   bool unhelped_ = false;            // a post or a leaving helper needs the thread; idle_mu_
   std::string abort_cause_;          // what announce_abort sent; set once, guarded by mu_
+  P2pFrame goodbye_{};               // the kClosing frame close() sends; guarded by mu_
   std::thread thread_;
 };
 
