@@ -62,6 +62,7 @@ class Work:
         if self._ticket is not None:
             self._wait_host(timeout)
             self._ticket.order_after(self._stream())
+            self._run_finish()  # queued on that stream, after the results
             return True
         return self.synchronize(timeout)
 
@@ -75,9 +76,9 @@ class Work:
         """Blocks the host until the results are in place (on the device, for device buffers)
         and returns True; raises as wait() does."""
         self._wait_host(timeout)
-        self._run_finish()
         if self._ticket is not None:
             self._ticket.wait_done(-1.0 if timeout is None else float(timeout))
+        self._run_finish()  # after the results on the device, where they are there
         if self._future is not None:
             # A callback thread sets the future just after the work completes.
             self._future.wait()
@@ -116,7 +117,8 @@ class Work:
         if self._future is None:
             # A future over CUDA tensors names their device, so that torch orders its users'
             # streams after the value (set once the results are in place on the device).
-            devices = [self._result.device] if getattr(self._result, "is_cuda", False) else None
+            cuda = _first_cuda_device(self._result)
+            devices = [cuda] if cuda is not None else None
             fut = torch.futures.Future(devices=devices)
             result = self._result
 
@@ -142,3 +144,16 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
         return f"<pyring.Work {self._work.description} {state}>"
+
+
+def _first_cuda_device(result: Any) -> Any:
+    """The device of the first CUDA tensor in ``result`` (a tensor, or nested lists of them,
+    as the coalesced calls return), else None."""
+    if getattr(result, "is_cuda", False):
+        return result.device
+    if isinstance(result, (list, tuple)):
+        for r in result:
+            d = _first_cuda_device(r)
+            if d is not None:
+                return d
+    return None

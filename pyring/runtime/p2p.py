@@ -161,7 +161,7 @@ class PointToPoint:
         scratch = tensor.new_empty(tensor.shape) if hasattr(tensor, "new_empty") else \
             np.empty_like(tensor)
         w = self._nested(self._all_reduce, tensor, scratch, code, async_op, None, dst)
-        return None if w is None else Work(w._work, tensor)
+        return None if w is None else Work(w._work, tensor, ticket=w._ticket, stream=w._stream)
 
     def gather(self, tensor: Any, gather_list: list | None = None, dst: int = 0,
                async_op: bool = False) -> Work | None:
@@ -317,7 +317,10 @@ class PointToPoint:
                 if o.dtype != flat.dtype:
                     raise ValueError(f"all_gather_coalesced: output_lists[{r}][{i}] is "
                                      f"{o.dtype}, tensors are {flat.dtype}")
-        out = torch.empty(flat.numel() * self.world_size, dtype=flat.dtype)
+                if o.device != flat.device:
+                    raise ValueError(f"all_gather_coalesced: output_lists[{r}][{i}] is on "
+                                     f"{o.device}, tensors are on {flat.device}")
+        out = torch.empty(flat.numel() * self.world_size, dtype=flat.dtype, device=flat.device)
         w = self.all_gather_into_tensor(out, flat, async_op=async_op)
 
         def finish() -> None:
@@ -338,13 +341,17 @@ class PointToPoint:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: tensors[{i}] is a {type(t).__name__}; the coalesced "
                                 f"collectives take torch tensors")
-        views = [view_of(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        views = [view_of(t, op, f"tensors[{i}]", devices=True) for i, t in enumerate(tensors)]
         for i, v in enumerate(views[1:], 1):
             check_same_dtype(op, views[0], v, "tensors[0]", f"tensors[{i}]")
+            if tensors[i].device != tensors[0].device:
+                raise ValueError(f"{op}: tensors[{i}] is on {tensors[i].device} but tensors[0] "
+                                 f"is on {tensors[0].device}")
         return torch.cat([t.reshape(-1) for t in tensors])
 
     def _finish_later(self, w: Any, finish: Any, result: Any, async_op: bool) -> Any:
         if not async_op:
             finish()
             return None
-        return Work(w._work, result, finish)
+        # The copy-out runs on the caller's stream once it is ordered after the results.
+        return Work(w._work, result, finish, ticket=w._ticket, stream=w._stream)
