@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import functools
 import weakref
 from typing import Any
 
@@ -13,7 +12,7 @@ from .ops import op_code
 from .runtime import desync as _desync
 from .runtime import hang as _hang
 from .runtime.buffers import check_same_dtype, fast_call_args, overlaps, view_of
-from .runtime.devices import common_device, current_stream
+from .runtime.devices import common_device, waiting_stream
 from .runtime.p2p import PointToPoint
 from .work import Work
 
@@ -103,8 +102,8 @@ class Communicator(PointToPoint):
             return None
         if isinstance(cwork, tuple):  # a device collective: (Work, DeviceTicket)
             cwork, ticket = cwork
-            work = Work(cwork, result, ticket=ticket,
-                        stream=functools.partial(current_stream, self._device_tuple))
+            work = Work(cwork, result, ticket=ticket, stream=waiting_stream(result,
+                                                                          self._device_tuple))
             # The buffers stay referenced until the device results are in place, so that no
             # allocator hands their memory out while pyring's stream still copies.
             self._keep(work, keep)

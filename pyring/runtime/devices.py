@@ -9,6 +9,7 @@ collective is ordered. Every check happens here, before any byte moves.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -157,6 +158,17 @@ def current_stream(device: tuple) -> int:
         raise ValueError(f"no current stream is known for device {device_name(device)}: "
                          f"import pyring.testing.sim before using sim device buffers")
     return source(device[1])
+
+
+def waiting_stream(result: Any, device: tuple) -> Callable[[], int]:
+    """The stream a device work's wait() orders after its results: for an array-interface
+    object (CuPy, Numba), the stream its interface named at the call, which the call was
+    ordered on (that library's current stream, not torch's); else the caller's current stream
+    at the wait, as for NCCL's works."""
+    if hasattr(result, "__cuda_array_interface__") or hasattr(result, "__sim_array_interface__"):
+        named = device[2]
+        return lambda: named
+    return functools.partial(current_stream, device)
 
 
 def common_device(comm: Any, op: str, views: list, names: list[str]) -> tuple | None:
