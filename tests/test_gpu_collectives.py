@@ -115,6 +115,69 @@ def test_growing_collectives_under_a_waiting_stream(bound):
     assert run_ranks(2, growth_body, bound, timeout=60) == [[], []]
 
 
+def capture_elsewhere_body(rank, world, store):
+    """Collectives of growing sizes (pyring's threads allocate staging and scratch, launch
+    kernels for the first time and query the caller's stream) while another thread holds a
+    graph capture open in torch's default, global mode, which forbids those calls on every
+    thread not relaxed: the collectives are right, and the capture succeeds."""
+    import threading
+
+    import pyring
+
+    dev = torch.device("cuda", 0)
+    mine, side = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    # Everything this thread allocates or reads on the host is done outside the capture.
+    xs = [torch.full((1000 * 4**k + k,), float(rank + k), device=dev, dtype=dt)
+          for k in range(6) for dt in (torch.float32, torch.bfloat16)]
+    static = torch.ones(1024, device=dev)
+    torch.cuda.synchronize(dev)
+    bad = []
+    with pyring.init(rank, world, store, set_default=False, timeout=30,
+                     device="cuda:0") as comm:
+        comm.all_reduce(torch.ones(1, device=dev))
+        torch.cuda.synchronize(dev)
+        opened, done, outcome = threading.Event(), threading.Event(), []
+
+        def capture() -> None:
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g, stream=side):
+                    out = static * 2
+                    opened.set()
+                    done.wait(20)  # open while the collectives run
+                g.replay()
+                torch.cuda.synchronize(dev)
+                outcome.append(float(out.sum()))
+            except Exception as e:  # noqa: BLE001 (the outcome is the result)
+                opened.set()
+                outcome.append(repr(e))
+
+        t = threading.Thread(target=capture)
+        t.start()
+        opened.wait(20)
+        try:
+            with torch.cuda.stream(mine):
+                for w in [comm.all_reduce(x, async_op=True) for x in xs]:
+                    w.wait()
+        except Exception as e:  # noqa: BLE001
+            bad.append(f"collectives: {e!r}")
+        done.set()
+        t.join()
+        torch.cuda.synchronize(dev)
+        if outcome != [2048.0]:
+            bad.append(f"the capture: {outcome}")
+        for i, x in enumerate(xs):
+            k = i // 2
+            want = float(sum(r + k for r in range(world)))
+            if not bool((x.float() == want).all()):
+                bad.append(f"size #{k} {x.dtype}: {x[:3].tolist()} want {want}")
+    return bad
+
+
+def test_collectives_while_another_thread_captures_a_graph():
+    assert run_ranks(2, capture_elsewhere_body, timeout=90) == [[], []]
+
+
 def cupy_body(rank, world, store):
     cupy = pytest.importorskip("cupy")
     import pyring

@@ -132,6 +132,57 @@ CUdeviceptr to_address(const void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
 }
 
+// Relaxes this thread's stream capture mode for its life, as NCCL does around its own
+// allocations: while another thread of the process captures a graph in the global mode (torch's
+// default), CUDA refuses the calls that may synchronize (allocations, frees, stream queries and
+// synchronizes) on every thread that is not relaxed, and invalidates that capture. pyring's
+// calls never touch the capturing stream (a collective on it is refused at the call), so they
+// are not the capture's.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() noexcept {
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      cudaGetLastError();
+      restore_ = false;
+    }
+  }
+  ~RelaxedCapture() {
+    if (restore_ && cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool restore_ = true;
+};
+
+// Whether a failed cudaStreamQuery says the stream's work faulted (CUDA's sticky errors: an
+// illegal address, a failed launch), rather than that the query itself was refused: a graph
+// capture in progress on the stream or elsewhere, or a stream its owner has destroyed since
+// (then the flags alone tell, within the deadline).
+bool is_stream_fault(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess:
+    case cudaErrorNotReady:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureMerge:
+    case cudaErrorStreamCaptureUnmatched:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+    case cudaErrorStreamCaptureWrongThread:
+      return false;
+    default:
+      return true;
+  }
+}
+
 // Whether this thread has called cudaSetDevice, which also makes the device's primary context
 // current for the driver functions (a thread's default device 0 has no current context).
 thread_local bool t_context_bound = false;
@@ -174,6 +225,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   void* alloc(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
+    RelaxedCapture relaxed;
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -188,12 +240,14 @@ class CudaRuntime final : public DeviceRuntime {
   void free(int index, void* p) noexcept override {
     if (p == nullptr) return;
     DeviceGuard guard(*this, index, std::nothrow);
+    RelaxedCapture relaxed;
     if (cudaFree(p) != cudaSuccess) cudaGetLastError();
   }
 
   // Zeroed, mapped into every device's address space (portable and mapped).
   void* alloc_host(int index, size_t bytes) override {
     DeviceGuard guard(*this, index);
+    RelaxedCapture relaxed;
     void* p = nullptr;
     PYRING_CUDA_CHECK_ON(index,
                          cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
@@ -204,6 +258,7 @@ class CudaRuntime final : public DeviceRuntime {
   void free_host(int index, void* p) noexcept override {
     if (p == nullptr) return;
     DeviceGuard guard(*this, index, std::nothrow);
+    RelaxedCapture relaxed;
     if (cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
   }
 
@@ -257,6 +312,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   void synchronize(int index, StreamId s) override {
     DeviceGuard guard(*this, index);
+    RelaxedCapture relaxed;
     PYRING_CUDA_CHECK_ON(index, cudaStreamSynchronize(to_stream(s)));
   }
 
@@ -272,9 +328,11 @@ class CudaRuntime final : public DeviceRuntime {
 
   std::string stream_error(int index, StreamId s) noexcept override {
     DeviceGuard guard(*this, index, std::nothrow);
+    RelaxedCapture relaxed;
     const cudaError_t err = cudaStreamQuery(to_stream(s));
     if (err == cudaSuccess || err == cudaErrorNotReady) return std::string();
     cudaGetLastError();
+    if (!is_stream_fault(err)) return std::string();
     try {
       return str_cat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
     } catch (...) {
@@ -357,6 +415,7 @@ class CudaRuntime final : public DeviceRuntime {
     std::memcpy(&mem, h.bytes, sizeof(mem));
     std::memcpy(&offset, h.bytes + sizeof(mem), sizeof(offset));
     DeviceGuard guard(*this, index);
+    RelaxedCapture relaxed;
     void* base = nullptr;
     PYRING_CUDA_CHECK_ON(index, cudaIpcOpenMemHandle(&base, mem, cudaIpcMemLazyEnablePeerAccess));
     void* p = static_cast<char*>(base) + offset;
@@ -378,6 +437,7 @@ class CudaRuntime final : public DeviceRuntime {
       if (--it->second.opens == 0) ipc_opened_.erase(it);
     }
     DeviceGuard guard(*this, index, std::nothrow);
+    RelaxedCapture relaxed;
     if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
   }
 
