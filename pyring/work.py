@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from .errors import CommTimeout
+from .runtime.buffers import first_tensor
 
 # Longest is_completed() waits for a work whose device results are in place to be marked.
 _MARK_WAIT_S = 10.0
@@ -117,8 +118,9 @@ class Work:
         if self._future is None:
             # A future over CUDA tensors names their device, so that torch orders its users'
             # streams after the value (set once the results are in place on the device).
-            cuda = _first_cuda_device(self._result)
-            devices = [cuda] if cuda is not None else None
+            # (The coalesced calls' result is a list of tensors, on one device.)
+            first = first_tensor(self._result)
+            devices = [first.device] if getattr(first, "is_cuda", False) else None
             fut = torch.futures.Future(devices=devices)
             result = self._result
 
@@ -144,16 +146,3 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
         return f"<pyring.Work {self._work.description} {state}>"
-
-
-def _first_cuda_device(result: Any) -> Any:
-    """The device of the first CUDA tensor in ``result`` (a tensor, or nested lists of them,
-    as the coalesced calls return), else None."""
-    if getattr(result, "is_cuda", False):
-        return result.device
-    if isinstance(result, (list, tuple)):
-        for r in result:
-            d = _first_cuda_device(r)
-            if d is not None:
-                return d
-    return None

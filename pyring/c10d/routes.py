@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 from _pyring_autoload.names import BACKEND_NAME
 
+from ..runtime.buffers import first_tensor
+
 try:
     import torch
     import torch.distributed as dist
@@ -103,16 +105,6 @@ def _make(name: str, device: str, here: dict, spec: str) -> Any:
     return backend
 
 
-def _first_tensor(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
 
 def route(group: Any, backends: dict[str, Any], wrap: Callable[[Any], Any]) -> None:
     """Gives `group` (a ProcessGroupPyring) its `_routes` and per-object methods that route by
@@ -124,7 +116,7 @@ def route(group: Any, backends: dict[str, Any], wrap: Callable[[Any], Any]) -> N
         own = getattr(group, name)  # the class's method, bound
 
         def call(*args: Any, _own: Any = own, _target: str = target, **kwargs: Any) -> Any:
-            t = _first_tensor((args, list(kwargs.values())))
+            t = first_tensor((args, list(kwargs.values())))
             other = backends.get(t.device.type) if t is not None else None
             if other is not None:
                 return getattr(other, _target)(*args, **kwargs)

@@ -53,6 +53,19 @@ _Tensor = torch.Tensor if torch is not None else ()
 _new_view = tuple.__new__
 
 
+def first_tensor(obj: Any) -> Any:
+    """The first torch tensor in ``obj`` (a tensor, or nested lists and tuples of them), else
+    None."""
+    if isinstance(obj, _Tensor):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
 def view_of(obj: Any, op: str, name: str, writable: bool = False,
             devices: bool = False) -> View:
     """Validates ``obj`` as argument ``name`` of ``op`` and returns its view. With
