@@ -1,7 +1,8 @@
 """Stream semantics on the sim device, under random delays: a collective sees the work queued
 on the caller's stream before it, work queued after it sees the result, work.wait() orders the
-stream after the collective's host part without waiting for device work, and failures release
-the streams that wait. Also the refusals at the edge and the sim's IPC handles."""
+stream after the collective's host part without waiting for device work (an array-interface
+object's: the stream it named), and failures release the streams that wait. Also the refusals
+at the edge and the sim's IPC handles."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ def order_body(rank, world, store):
                 got = y.to_host()
                 if not bool((got == want(i)).all()):
                     bad.append(f"async #{i}: {got[:3].tolist()} want {want(i)}")
+        # An array-interface object names its stream (a CuPy array names CuPy's current
+        # stream, not torch's): wait() orders that stream, wherever it is called.
+        for i in range(ITERS):
+            with sim.stream(s):
+                x = sim.SimArray(4096 if i % 2 else (1 << 18) + 3, torch.float32, 0)
+                w = comm.all_reduce(x.fill_(float(rank + i)), async_op=True)
+            w.wait()  # the current stream here is the default one
+            with sim.stream(s):
+                got = x.to_host()
+            if not bool((got == want(i)).all()):
+                bad.append(f"named stream #{i}: {got[:3].tolist()} want {want(i)}")
         s.synchronize()
         s.close()
     return bad
@@ -50,38 +62,7 @@ def order_body(rank, world, store):
 def test_stream_order_with_delays():
     results = run_ranks(2, order_body, env={"PYRING_SIM_DELAY_US": "300"}, timeout=300)
     for rank, bad in enumerate(results):
-        assert not bad, f"rank {rank}: {len(bad)} of {2 * ITERS} wrong:\n" + "\n".join(bad[:10])
-
-
-def named_stream_body(rank, world, store):
-    """An array-interface object names its stream (a CuPy array names CuPy's current stream,
-    not torch's): work.wait() orders that stream after the results, wherever it is called."""
-    import pyring
-    from pyring.testing import sim
-
-    bad = []
-    want = lambda i: float(sum(r + i for r in range(world)))  # noqa: E731
-    with pyring.init(rank, world, store, set_default=False) as comm:
-        side = sim.SimStream(0)
-        for i in range(ITERS // 2):
-            n = 4096 if i % 2 else (1 << 18) + 3
-            with sim.stream(side):
-                x = sim.SimArray(n, torch.float32, 0).fill_(float(rank + i))
-                w = comm.all_reduce(x, async_op=True)
-            w.wait()  # the current stream here is the default one
-            with sim.stream(side):
-                got = x.to_host()
-            if not bool((got == want(i)).all()):
-                bad.append(f"#{i}: {got[:3].tolist()} want {want(i)}")
-        side.synchronize()
-        side.close()
-    return bad
-
-
-def test_wait_orders_the_stream_an_array_interface_named():
-    results = run_ranks(2, named_stream_body, env={"PYRING_SIM_DELAY_US": "300"}, timeout=300)
-    for rank, bad in enumerate(results):
-        assert not bad, f"rank {rank}: {len(bad)} of {ITERS // 2} wrong:\n" + "\n".join(bad[:10])
+        assert not bad, f"rank {rank}: {len(bad)} of {3 * ITERS} wrong:\n" + "\n".join(bad[:10])
 
 
 def one_rank_body(rank, world, store):

@@ -42,12 +42,12 @@ size_t encode_message(Wire w, const float* in, float* residual, size_t n, uint8_
     c.encode(host, in, nullptr, n, out);
     return c.encoded_bytes(n);
   }
-  std::vector<float> v(n), back(n);
+  std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = in[i] + residual[i];
   c.encode(host, v.data(), nullptr, n, out);
-  c.decode(host, out, n, false, back.data());
+  c.decode(host, out, n, false, residual);  // what arrives, then what it left behind
   for (size_t i = 0; i < n; ++i) {
-    const float r = v[i] - back[i];
+    const float r = v[i] - residual[i];
     residual[i] = std::isfinite(r) ? r : 0.0f;
   }
   return c.encoded_bytes(n);

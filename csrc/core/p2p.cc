@@ -379,22 +379,17 @@ void P2pEngine::break_peer_locked(int peer, const std::string& why) {
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     if ((*it)->addr.peer == peer) {
       fail(*it);
-      it = recvs_.erase(it);
+    } else if (auto err = (*it)->addr.peer < 0 ? failed_for_any_source_locked(peer, (*it)->addr)
+                                               : nullptr) {
+      finish_locked(*it, err);
     } else {
       ++it;
+      continue;
     }
+    it = recvs_.erase(it);
   }
   for (auto it = held_.begin(); it != held_.end();) {
     it = (*it)->peer == peer && !(*it)->complete ? held_.erase(it) : std::next(it);
-  }
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    auto err = (*it)->addr.peer < 0 ? failed_for_any_source_locked(peer, (*it)->addr) : nullptr;
-    if (err) {
-      finish_locked(*it, err);
-      it = recvs_.erase(it);
-    } else {
-      ++it;
-    }
   }
 }
 

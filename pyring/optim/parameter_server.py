@@ -86,21 +86,24 @@ class _Codec:
 
         self.wire = wire
         self.residual = torch.zeros(n)
-        self.out = torch.empty(max(1, _C.wire_message_max_bytes(wire, n)), dtype=torch.uint8)
+        self.max_bytes = max(1, _C.wire_message_max_bytes(wire, n))
 
     def encode(self, g: Any) -> Any:
-        """The payload (uint8) for g + the residual; keeps the new residual."""
-        g = g.contiguous()
-        k = _C.wire_encode_message(self.wire, g.data_ptr(), self.residual.data_ptr(), g.numel(),
-                                   self.out.data_ptr())
-        return self.out[:k].clone()
-
-    @staticmethod
-    def decode(wire: str, payload: Any, n: int) -> Any:
+        """The payload (uint8, a tensor of its own) for g + the residual; keeps the new
+        residual."""
         import torch
 
-        out = torch.empty(n)
-        _C.wire_decode_message(wire, payload.data_ptr(), payload.numel(), n, out.data_ptr())
+        g = g.contiguous()
+        out = torch.empty(self.max_bytes, dtype=torch.uint8)
+        k = _C.wire_encode_message(self.wire, g.data_ptr(), self.residual.data_ptr(), g.numel(),
+                                   out.data_ptr())
+        return out[:k]
+
+    @staticmethod
+    def decode(wire: str, payload: Any, out: Any) -> Any:
+        """``out`` (float32) = the values of ``payload``."""
+        _C.wire_decode_message(wire, payload.data_ptr(), payload.numel(), out.numel(),
+                               out.data_ptr())
         return out
 
 
@@ -217,7 +220,7 @@ class ParameterServer:
             raise RuntimeError("ParameterServer.serve: this rank is a worker; call step()")
         live = set(self.workers)
         hdr = torch.zeros(4, dtype=torch.int64)
-        n = self.hi - self.lo
+        grad = torch.empty(self.hi - self.lo)  # each push's gradient, decoded and applied
         while live:
             src = self.comm.recv(hdr, src=None, tag=_TAG_REQ)
             kind, version, nbytes, seq = (int(v) for v in hdr.tolist())
@@ -229,7 +232,7 @@ class ParameterServer:
                     raise RuntimeError(f"ParameterServer: push {seq} from rank {src} after its "
                                        f"push {self._last_push[src]}")
                 self._last_push[src] = seq
-                self._apply(_Codec.decode(self.wire, payload, n), version)
+                self._apply(_Codec.decode(self.wire, payload, grad), version)
                 if on_update is not None:
                     on_update(self.version, self.shard)
                 if kind == _PUSH_PULL:
@@ -258,7 +261,7 @@ class ParameterServer:
             off = 0
             for g in self.shard_optimizer.param_groups:
                 for p in g["params"]:
-                    p.grad = grad[off:off + p.numel()]  # a decoded push is its own tensor
+                    p.grad = grad[off:off + p.numel()]  # read by step() before the next push
                     off += p.numel()
             self.shard_optimizer.step()
         self.version += 1

@@ -165,7 +165,7 @@ def waiting_stream(result: Any, device: tuple) -> Callable[[], int]:
     object (CuPy, Numba), the stream its interface named at the call, which the call was
     ordered on (that library's current stream, not torch's); else the caller's current stream
     at the wait, as for NCCL's works."""
-    if hasattr(result, "__cuda_array_interface__") or hasattr(result, "__sim_array_interface__"):
+    if is_device_object(result):
         named = device[2]
         return lambda: named
     return functools.partial(current_stream, device)
